@@ -1,0 +1,33 @@
+# Two commands do all the set-up on a fresh machine with only Python on it:
+#   make demo   installs into .venv and runs the main job
+#   make test   installs into .venv and runs the test suite
+PYTHON ?= python3
+VENV ?= .venv
+# The versions the CPU build was tested with (CPU_TRITON.md). pip's configured index decides the
+# build: point it at PyTorch's CPU wheels on a machine without a GPU to skip the CUDA download.
+TORCH_SPEC ?= torch==2.13.0
+TRITON_SPEC ?= triton==3.9.0
+BIN := $(VENV)/bin
+
+.PHONY: demo test test-all bench gpu-check clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q "$(TORCH_SPEC)" "$(TRITON_SPEC)"
+	$(BIN)/pip install -q -e ".[dev]" "$(TORCH_SPEC)" "$(TRITON_SPEC)"
+	touch $@
+
+demo: $(BIN)/.installed
+	$(BIN)/kernelforge check --device interpret --shapes smoke --dtype bfloat16
+
+test: $(BIN)/.installed
+	$(BIN)/python -m pytest -n 2 -q
+
+bench: $(BIN)/.installed
+	$(BIN)/python -m pytest benchmarks -q
+
+gpu-check:
+	bash scripts/gpu_check.sh
+
+clean:
+	rm -rf $(VENV) .pytest_cache .benchmarks

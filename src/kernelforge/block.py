@@ -1,0 +1,258 @@
+"""Blocks: one computation of a model layer that kernels implement.
+
+A block owns everything needed to judge an implementation of it: the exact PyTorch reference
+(computed in fp32 for checking), a seeded input generator with several value distributions, the
+named shape sets (``smoke``, ``check`` and real model presets), FLOP and byte counts for roofline
+figures, and the dtype tolerances.
+
+A block lives in ``kernels/<family>/<name>/block.py`` as one subclass of :class:`Block`; its id is
+its folder path (``attention/gpt_oss_prefill``). Nothing registers it: discovery finds the folder.
+
+The candidate contract: a rendered template is a Python module with a function
+``run(**inputs, out)`` that takes the tensors and scalars of :meth:`Block.make_inputs` as keyword
+arguments and writes the result into ``out`` (allocated by the harness, poisoned with NaN before the
+call). It returns nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+import torch
+
+#: Value distributions every block's input generator understands. ``normal``: unit normal;
+#: ``large``: normal scaled up (exercises overflow in exp/accumulators); ``outliers``: normal with
+#: a sparse set of large entries (exercises max-subtraction and rounding).
+DISTRIBUTIONS: tuple[str, ...] = ("normal", "large", "outliers")
+
+#: The dtypes kernels are searched in, by the names used on the command line and in job files.
+DTYPES: dict[str, torch.dtype] = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One problem size of a block: a name and its dimensions (ints, or tuples for ragged sizes).
+
+    Dimension names are fixed per family (attention: B, H_Q, H_KV, S_Q, S_KV, D, ...; MoE: T, E,
+    TOPK, H, I, ...). ``dims`` is stored as a sorted tuple so shapes are hashable and comparable.
+    """
+
+    name: str
+    dims: tuple[tuple[str, Any], ...]
+
+    @classmethod
+    def of(cls, name: str, **dims: Any) -> "Shape":
+        """Build a shape from keyword dimensions; lists become tuples so the shape stays hashable."""
+        frozen = {k: tuple(v) if isinstance(v, list) else v for k, v in dims.items()}
+        return cls(name, tuple(sorted(frozen.items())))
+
+    def __getitem__(self, key: str) -> Any:
+        for k, v in self.dims:
+            if k == key:
+                return v
+        raise KeyError(f"shape {self.name!r} has no dimension {key!r}")
+
+    def get(self, key: str, default: Any = None) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.dims)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How close a candidate's output must be to the fp32 reference.
+
+    A result passes when all of these hold: no NaN or Inf; the relative error of the whole tensor
+    ``||out - ref|| / ||ref||`` is at most ``rel_norm``; and every element satisfies
+    ``|out - ref| <= atol * rms(ref) + rtol * |ref|`` (atol in units of the reference's RMS so the
+    same tolerance serves inputs of any magnitude).
+    """
+
+    rel_norm: float
+    atol: float
+    rtol: float
+
+
+#: Per-dtype tolerances (EVALUATION.md): bf16 has 8 bits of mantissa, fp16 11, fp32 24. The
+#: elementwise bounds are a few ulps of the output dtype on top of accumulation error.
+TOLERANCES: dict[torch.dtype, Tolerance] = {
+    torch.bfloat16: Tolerance(rel_norm=2e-2, atol=4e-2, rtol=4e-2),
+    torch.float16: Tolerance(rel_norm=2e-3, atol=8e-3, rtol=8e-3),
+    torch.float32: Tolerance(rel_norm=1e-5, atol=1e-4, rtol=1e-4),
+}
+
+#: On a GPU fp32 dots run in tf32 unless the kernel asks otherwise (10-bit mantissa).
+TF32_TOLERANCE = Tolerance(rel_norm=1e-2, atol=3e-2, rtol=3e-2)
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Work of one call at one shape: floating-point operations and bytes that must cross HBM."""
+
+    flops: float
+    bytes: float
+
+    @property
+    def intensity(self) -> float:
+        """Arithmetic intensity in FLOP per byte."""
+        return self.flops / self.bytes if self.bytes else math.inf
+
+
+class Block(ABC):
+    """Base class of every block. Subclasses live in ``kernels/<family>/<name>/block.py``.
+
+    Subclasses set :attr:`family`, :attr:`description` and :attr:`output_name`, and implement the
+    abstract methods. ``id`` is assigned by discovery from the folder path.
+    """
+
+    family: str = ""
+    description: str = ""
+    #: dtypes the block is searched in (names as in :data:`DTYPES`).
+    dtypes: tuple[str, ...] = ("bfloat16", "float16")
+
+    def __init__(self, block_id: str):
+        self.id = block_id
+
+    def __repr__(self) -> str:
+        return f"<Block {self.id}>"
+
+    # -- shapes ---------------------------------------------------------------------------------
+
+    @abstractmethod
+    def shape_sets(self) -> Mapping[str, list[Shape]]:
+        """Named shape sets. Must include ``smoke`` (tiny, interpreter-friendly) and ``check``
+        (held-out odd sizes); the others are real presets named after models and workload
+        profiles."""
+
+    def shapes(self, name: str) -> list[Shape]:
+        """The shapes of set ``name``, or the single preset shape called ``name``.
+
+        Raises KeyError with the valid names when neither exists.
+        """
+        sets = self.shape_sets()
+        if name in sets:
+            return list(sets[name])
+        for shapes in sets.values():
+            for shape in shapes:
+                if shape.name == name:
+                    return [shape]
+        raise KeyError(
+            f"block {self.id} has no shape set or shape named {name!r}; "
+            f"shape sets: {', '.join(sets)}"
+        )
+
+    def compile_shape(self) -> Shape:
+        """A representative shape used to build the signature for ahead-of-time compilation.
+
+        Its sizes decide the JIT specialisation (16-byte divisibility of strides and ints), so it
+        should have the alignment properties of real serving shapes. Default: the first smoke
+        shape; blocks override it when smoke shapes are deliberately odd.
+        """
+        return self.shape_sets()["smoke"][0]
+
+    # -- data ------------------------------------------------------------------------------------
+
+    @abstractmethod
+    def make_inputs(
+        self,
+        shape: Shape,
+        dtype: torch.dtype,
+        device: str | torch.device,
+        seed: int,
+        distribution: str = "normal",
+    ) -> dict[str, Any]:
+        """Fresh, seeded inputs for one call: keyword arguments of the candidate's ``run``.
+
+        Tensors are freshly allocated on ``device``; scalars (window, scale, ...) are plain Python
+        values. The same (shape, dtype, seed, distribution) gives the same values on any device.
+        """
+
+    @abstractmethod
+    def make_output(self, shape: Shape, dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
+        """An uninitialised output tensor of the exact shape and dtype a candidate must fill."""
+
+    @abstractmethod
+    def reference(self, **inputs: Any) -> torch.Tensor:
+        """The exact math of the block, computed in fp32 (or wider) from ``inputs``; returns fp32.
+
+        Must not modify its inputs and must keep memory bounded for the largest presets (chunk
+        over queries or tokens where a naive form would not fit).
+        """
+
+    @abstractmethod
+    def counts(self, shape: Shape, dtype: torch.dtype) -> Counts:
+        """FLOPs and the minimum HBM bytes of one call, for roofline figures."""
+
+    def tolerance(self, dtype: torch.dtype, device_type: str) -> Tolerance:
+        """Tolerance for outputs of ``dtype``; fp32 on a GPU allows tf32 dots."""
+        if dtype == torch.float32 and device_type == "cuda":
+            return TF32_TOLERANCE
+        return TOLERANCES[dtype]
+
+
+def iter_shapes(block: Block) -> Iterator[tuple[str, Shape]]:
+    """Every (set name, shape) pair of a block, in declaration order."""
+    for set_name, shapes in block.shape_sets().items():
+        for shape in shapes:
+            yield set_name, shape
+
+
+def generator(seed: int, device: str | torch.device = "cpu") -> torch.Generator:
+    """A CPU generator seeded with ``seed``: inputs are drawn on the CPU and moved, so the same
+    seed gives the same values on every device."""
+    del device
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(seed)
+    return gen
+
+
+def random_tensor(
+    shape: tuple[int, ...],
+    gen: torch.Generator,
+    distribution: str,
+    *,
+    scale: float = 1.0,
+    dtype: torch.dtype,
+    device: str | torch.device,
+) -> torch.Tensor:
+    """A tensor of the given distribution (see :data:`DISTRIBUTIONS`), drawn in fp32 on the CPU,
+    then cast to ``dtype`` and moved to ``device`` (a fresh allocation)."""
+    x = torch.randn(shape, generator=gen, dtype=torch.float32)
+    if distribution == "large":
+        x = x * 8.0
+    elif distribution == "outliers":
+        # About 1 in 64 entries becomes 20x larger: stresses running-max and rounding paths.
+        mask = torch.rand(shape, generator=gen) < (1.0 / 64.0)
+        x = torch.where(mask, x * 20.0, x)
+    elif distribution != "normal":
+        raise ValueError(f"unknown distribution {distribution!r}; choose from {', '.join(DISTRIBUTIONS)}")
+    return (x * scale).to(dtype=dtype).to(device)
+
+
+__all__ = [
+    "Block",
+    "Counts",
+    "DISTRIBUTIONS",
+    "DTYPES",
+    "Shape",
+    "TF32_TOLERANCE",
+    "TOLERANCES",
+    "Tolerance",
+    "generator",
+    "iter_shapes",
+    "random_tensor",
+]

@@ -1,0 +1,123 @@
+"""Discovery of blocks and templates by folder: a block is a folder with a ``block.py``, a template is
+a ``*.py.j2`` file in it. Nothing is registered by hand.
+
+The kernels folder is, in order: the ``root`` argument, ``$KERNELFORGE_KERNELS``, or the
+``kernels/`` folder of the checkout this package was installed from.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import inspect
+import os
+import sys
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from .block import Block
+from .errors import UserError
+from .template import TEMPLATE_SUFFIX, Template
+
+
+def default_kernels_root() -> Path:
+    env = os.environ.get("KERNELFORGE_KERNELS")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2] / "kernels"
+
+
+def _load_block(folder: Path, block_id: str) -> Block:
+    path = folder / "block.py"
+    module_name = "kernelforge_block_" + block_id.replace("/", "__")
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    classes = [
+        obj for obj in vars(module).values()
+        if inspect.isclass(obj) and issubclass(obj, Block) and obj is not Block
+        and obj.__module__ == module_name and not inspect.isabstract(obj)
+    ]
+    if len(classes) != 1:
+        raise UserError(f"{path}: must define exactly one concrete Block subclass, found {len(classes)}")
+    return classes[0](block_id)
+
+
+def _suggest(name: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(name, options, n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """The blocks and templates found under one kernels folder."""
+
+    root: Path
+
+    @classmethod
+    def discover(cls, root: Path | str | None = None) -> "Catalog":
+        root = Path(root) if root is not None else default_kernels_root()
+        if not root.is_dir():
+            raise UserError(f"kernels folder {root} does not exist; set KERNELFORGE_KERNELS to your kernels/ folder")
+        return cls(root)
+
+    @cached_property
+    def blocks(self) -> dict[str, Block]:
+        """Block id -> block, for every ``<family>/<name>/block.py`` under the root."""
+        found: dict[str, Block] = {}
+        for path in sorted(self.root.glob("*/*/block.py")):
+            block_id = path.parent.relative_to(self.root).as_posix()
+            found[block_id] = _load_block(path.parent, block_id)
+        return found
+
+    def block(self, block_id: str) -> Block:
+        try:
+            return self.blocks[block_id]
+        except KeyError:
+            raise UserError(
+                f"unknown block {block_id!r}{_suggest(block_id, list(self.blocks))}; "
+                f"`kernelforge blocks` lists them"
+            ) from None
+
+    def templates(self, block_id: str) -> list[Template]:
+        """The templates in a block's folder, baseline first."""
+        self.block(block_id)
+        folder = self.root / block_id
+        templates = [Template.from_file(p, block_id) for p in sorted(folder.glob(f"*{TEMPLATE_SUFFIX}"))]
+        return sorted(templates, key=lambda t: (t.role != "baseline", t.id))
+
+    def all_templates(self) -> list[Template]:
+        return [t for block_id in self.blocks for t in self.templates(block_id)]
+
+    def template(self, template_id: str) -> Template:
+        block_id, _, _ = template_id.rpartition("/")
+        if block_id not in self.blocks:
+            raise UserError(
+                f"unknown template {template_id!r}: templates are named BLOCK/NAME, "
+                f"e.g. {next(iter(self.blocks), 'attention/x')}/baseline; `kernelforge templates` lists them"
+            )
+        templates = {t.id: t for t in self.templates(block_id)}
+        if template_id not in templates:
+            raise UserError(
+                f"unknown template {template_id!r}{_suggest(template_id, list(templates))}; "
+                f"{block_id} has {', '.join(templates) or 'no templates'}"
+            )
+        return templates[template_id]
+
+    def baseline(self, block_id: str) -> Template:
+        """The block's human-baseline template (role = "baseline")."""
+        baselines = [t for t in self.templates(block_id) if t.role == "baseline"]
+        if len(baselines) != 1:
+            raise UserError(
+                f"block {block_id} must have exactly one template with role = \"baseline\", found {len(baselines)}"
+            )
+        return baselines[0]
+
+    def resolve(self, name: str) -> Template:
+        """A block id (meaning its baseline template) or a template id."""
+        if name in self.blocks:
+            return self.baseline(name)
+        return self.template(name)

@@ -1,0 +1,252 @@
+"""The ``kernelforge`` command line.
+
+User mistakes (unknown names, bad parameters, malformed files) print one line naming the thing and
+the fix, and exit with status 2; a check that finds a failing shape exits with status 1.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from .errors import UserError
+
+# Logs and CI are not terminals: give tables room instead of rich's 80-column default.
+_WIDTH = None if sys.stdout.isatty() else 160
+console = Console(highlight=False, width=_WIDTH)
+err_console = Console(stderr=True, highlight=False, width=_WIDTH)
+
+#: Above this many FLOPs per call a shape is refused on the interpreter (it manages roughly
+#: 1e8-1e9 FLOP/s, so this is already minutes).
+INTERPRETER_FLOP_LIMIT = 5e10
+
+
+def _catalog(ctx: click.Context):
+    from .catalog import Catalog
+
+    return Catalog.discover(ctx.obj.get("kernels"))
+
+
+def _parse_params(pairs: tuple[str, ...]) -> dict[str, Any]:
+    from .space import parse_value
+
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise UserError(f"parameter {pair!r} must be written NAME=VALUE, e.g. BLOCK_M=64")
+        params[name.strip()] = parse_value(value.strip())
+    return params
+
+
+def _dtype(name: str):
+    from .block import DTYPES
+
+    if name not in DTYPES:
+        raise UserError(f"--dtype {name!r} is not one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+class _Group(click.Group):
+    """Turns UserError into one clear line and exit status 2."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except UserError as exc:
+            err_console.print(f"[bold red]kernelforge:[/] {exc}")
+            ctx.exit(2)
+
+
+@click.group(cls=_Group)
+@click.option("--kernels", type=click.Path(file_okay=False), envvar="KERNELFORGE_KERNELS",
+              help="Kernels folder (default: kernels/ of this checkout).")
+@click.pass_context
+def main(ctx: click.Context, kernels: str | None) -> None:
+    """kernelforge: find faster GPU kernels for the attention and MoE blocks of large models."""
+    ctx.ensure_object(dict)
+    ctx.obj["kernels"] = kernels
+
+
+@main.command()
+@click.pass_context
+def blocks(ctx: click.Context) -> None:
+    """List the blocks and their shape sets."""
+    catalog = _catalog(ctx)
+    table = Table(title="blocks")
+    for column in ("block", "family", "shape sets", "description"):
+        table.add_column(column)
+    for block_id, block in catalog.blocks.items():
+        sets = ", ".join(f"{name} ({len(shapes)})" for name, shapes in block.shape_sets().items())
+        table.add_row(block_id, block.family, sets, block.description)
+    console.print(table)
+
+
+@main.command()
+@click.argument("block_id", required=False)
+@click.pass_context
+def templates(ctx: click.Context, block_id: str | None) -> None:
+    """List the templates (of one block, or all) with their spaces and baseline points."""
+    catalog = _catalog(ctx)
+    table = Table(title="templates")
+    for column in ("template", "role", "origin", "points", "baseline point"):
+        table.add_column(column)
+    chosen = catalog.templates(block_id) if block_id else catalog.all_templates()
+    for template in chosen:
+        point = " ".join(f"{k}={v}" for k, v in template.baseline.items())
+        table.add_row(template.id, template.role, template.origin, str(template.space.size), point)
+    console.print(table)
+
+
+@main.command()
+@click.argument("template_id")
+@click.argument("params", nargs=-1)
+@click.pass_context
+def render(ctx: click.Context, template_id: str, params: tuple[str, ...]) -> None:
+    """Print TEMPLATE rendered at its baseline point, with PARAM=VALUE overrides."""
+    template = _catalog(ctx).resolve(template_id)
+    point = {**template.baseline, **_parse_params(params)}
+    click.echo(template.render(point), nl=False)
+
+
+@main.command()
+@click.argument("names", nargs=-1)
+@click.option("--device", "device_name", default=None, help="cuda or interpret (default: cuda when a GPU is visible).")
+@click.option("--shapes", "shape_set", default="smoke", show_default=True, help="Shape set or shape name.")
+@click.option("--dtype", "dtype_name", default="bfloat16", show_default=True)
+@click.option("--no-time", is_flag=True, help="Verify only.")
+@click.pass_context
+def check(ctx: click.Context, names: tuple[str, ...], device_name: str | None, shape_set: str, dtype_name: str,
+          no_time: bool) -> None:
+    """Verify (and time) blocks' baselines or templates on a shape set.
+
+    NAMES are block ids (meaning their baseline template) or template ids; none means every block.
+    PARAM=VALUE arguments override the baseline point.
+    """
+    from .candidate import Candidate
+    from .device import default_device_name, get_device
+    from .evaluate import evaluate
+    from .result import format_seconds
+
+    point_args = tuple(n for n in names if "=" in n)
+    names = tuple(n for n in names if "=" not in n)
+    catalog = _catalog(ctx)
+    dtype = _dtype(dtype_name)
+    device = get_device(device_name or default_device_name())
+    targets = [catalog.resolve(name) for name in names] or [catalog.baseline(b) for b in catalog.blocks]
+    overrides = _parse_params(point_args)
+    plans = []
+    for template in targets:
+        block = catalog.block(template.block_id)
+        shapes = block.shapes(shape_set)
+        if device.name == "interpret":
+            heavy = [s for s in shapes if block.counts(s, dtype).flops > INTERPRETER_FLOP_LIMIT]
+            if heavy:
+                raise UserError(
+                    f"--shapes {shape_set}: {heavy[0].name} of {block.id} needs "
+                    f"{block.counts(heavy[0], dtype).flops:.2g} FLOP per call, far too much for the "
+                    "interpreter; use --device cuda, or --shapes smoke / check on a CPU"
+                )
+        candidate = Candidate.from_template(template, {**template.baseline, **overrides})
+        plans.append((template, block, shapes, candidate))
+    device.prepare()
+    env = device.describe()
+    console.print(f"device: [bold]{env['device_name']}[/]  torch {env['torch']}  triton {env['triton']}")
+    failures = 0
+    for template, block, shapes, candidate in plans:
+        table = Table(title=f"{candidate.describe()}  ({dtype_name}, {device.name})", title_justify="left")
+        for column in ("shape", "status", "rel. error", "worst/tol", "time (median)", "p20-p80", "timing"):
+            table.add_column(column, justify="right" if column in ("rel. error", "worst/tol", "time (median)") else "left")
+        evaluations = evaluate(block, candidate.source, shapes, dtype, device,
+                               deterministic=template.deterministic, timed=not no_time)
+        for ev in evaluations:
+            v, t = ev.verification, ev.timing
+            failures += not v.ok
+            style = "green" if v.ok else "bold red"
+            table.add_row(
+                ev.shape.name,
+                f"[{style}]{v.status.value}[/]",
+                "-" if v.rel_error is None else f"{v.rel_error:.2e}",
+                "-" if v.excess is None else f"{v.excess:.2f}",
+                format_seconds(t.median_s) if t else "-",
+                f"{format_seconds(t.p20_s)} - {format_seconds(t.p80_s)}" if t else "-",
+                t.label if t else "",
+            )
+        console.print(table)
+        for ev in evaluations:
+            if not ev.verification.ok:
+                console.print(f"  [red]{ev.verification.status.value}[/]: {ev.verification.message}")
+    if failures:
+        console.print(f"[bold red]{failures} shape(s) failed[/]")
+        ctx.exit(1)
+    console.print("[bold green]all shapes passed[/]")
+
+
+@main.command(name="compile")
+@click.argument("template_id")
+@click.argument("params", nargs=-1)
+@click.option("--target", default=None, help="sm_90 (default without a GPU), sm_80, sm_89, gfx942, ...")
+@click.option("--dtype", "dtype_name", default="bfloat16", show_default=True)
+@click.pass_context
+def compile_(ctx: click.Context, template_id: str, params: tuple[str, ...], target: str | None, dtype_name: str) -> None:
+    """Compile TEMPLATE ahead of time for a GPU target (no GPU needed) and print its resources."""
+    from . import aot
+    from .candidate import Candidate
+
+    catalog = _catalog(ctx)
+    template = catalog.resolve(template_id)
+    _dtype(dtype_name)
+    candidate = Candidate.from_template(template, {**template.baseline, **_parse_params(params)})
+    report = aot.compile_candidate(candidate.source, template.block_id, catalog.root, dtype_name, target)
+    table = Table(title=f"{candidate.describe()} -> {report.target}", title_justify="left")
+    for column in ("kernel", "shared mem (B)", "registers", "spill st/ld (B)", "warps", "stages", "wgmma", "TMA", "cp.async", "compile (s)"):
+        table.add_column(column)
+    for k in report.kernels:
+        table.add_row(
+            k.name, str(k.shared_bytes), "-" if k.registers is None else str(k.registers),
+            "-" if k.spill_stores is None else f"{k.spill_stores}/{k.spill_loads}",
+            str(k.num_warps), str(k.num_stages), _yes(k.uses_wgmma), _yes(k.uses_tma), _yes(k.uses_cp_async),
+            f"{k.compile_seconds:.2f}",
+        )
+    if report.kernels:
+        console.print(table)
+    if report.status != "ok":
+        err_console.print(f"[bold red]{report.status}:[/] {report.message}")
+        ctx.exit(1)
+
+
+def _yes(flag: bool | None) -> str:
+    return "-" if flag is None else ("yes" if flag else "no")
+
+
+@main.command()
+@click.argument("name")
+@click.pass_context
+def new(ctx: click.Context, name: str) -> None:
+    """Scaffold template BLOCK/NAME from the block's baseline, ready to edit."""
+    from .template import TEMPLATE_SUFFIX, Template
+
+    catalog = _catalog(ctx)
+    block_id, _, stem = name.rpartition("/")
+    catalog.block(block_id)
+    if not stem.isidentifier():
+        raise UserError(f"template name {stem!r} must be a Python identifier (letters, digits, _), e.g. {block_id}/wide_tiles")
+    path = Path(catalog.root) / block_id / f"{stem}{TEMPLATE_SUFFIX}"
+    if path.exists():
+        raise UserError(f"{path} already exists; choose another name or edit it")
+    baseline = catalog.baseline(block_id)
+    text = re.sub(r'(?m)^role\s*=\s*"baseline"', 'role = "variant"', baseline.text, count=1)
+    text = re.sub(r'(?m)^description\s*=\s*".*"$', f'description = "Variant of {baseline.id}: describe your change"',
+                  text, count=1)
+    path.write_text(text, encoding="utf-8")
+    Template.from_file(path, block_id)  # the scaffold must be valid as written
+    console.print(f"created [bold]{path}[/] (a copy of {baseline.id}, role = variant)")
+    console.print(f"next: edit it, then `kernelforge check {block_id}/{stem} --device interpret --shapes smoke`")
+
+

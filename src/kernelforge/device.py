@@ -1,0 +1,311 @@
+"""Devices: where candidates run and how they are timed.
+
+- ``cuda``: a real GPU. CUDA-event timing following EVALUATION.md: warm-up outside the timed
+  region, inputs rotated through several freshly allocated sets (plus an L2 flush when the sets
+  together would fit in L2), fixed call counts, median with p20/p80, CUDA-graph replays for kernels
+  under about 20 us, a full device synchronisation before reading the events, wall time recorded
+  beside event time, and joules per call from NVML's energy counter when it is readable.
+- ``interpret``: Triton's interpreter on CPU tensors, with kernelforge's bf16 fix. Correctness is
+  real; timings are wall-clock interpreter timings and say nothing about GPU speed, and every
+  timing carries a label saying so.
+
+The ``replay`` device (recorded measurements) belongs to the search and lives with it.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import statistics
+import time
+from abc import ABC, abstractmethod
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .errors import UserError
+from .result import Timing
+
+Call = Callable[[], None]
+
+INTERPRETER_LABEL = "interpreter wall time (CPU), not GPU speed"
+
+#: Kernels faster than this are timed as CUDA-graph replays: launch overhead (about 5 us) would
+#: otherwise dominate an event pair (EVALUATION.md).
+GRAPH_THRESHOLD_S = 20e-6
+
+
+def quantiles(samples: Sequence[float]) -> tuple[float, float, float]:
+    """(median, p20, p80) of the samples."""
+    ordered = sorted(samples)
+    if len(ordered) == 1:
+        return ordered[0], ordered[0], ordered[0]
+    cuts = statistics.quantiles(ordered, n=10, method="inclusive")
+    return statistics.median(ordered), cuts[1], cuts[7]
+
+
+class Device(ABC):
+    """Where candidates run. Subclasses say how to prepare, synchronise, time and describe."""
+
+    name: str = ""
+    #: the torch device tensors are allocated on
+    torch_device: str = "cpu"
+
+    def prepare(self) -> None:
+        """Make the device usable in this process (before any candidate module is loaded)."""
+
+    def synchronize(self) -> None:
+        """Wait for all work queued on the device."""
+
+    @abstractmethod
+    def time(self, calls: Sequence[Call], *, working_set_bytes: int = 0) -> Timing:
+        """Time the candidate: ``calls[i]`` runs it on the i-th pre-generated input set.
+
+        ``working_set_bytes`` is the memory one call touches; it decides whether rotating the
+        sets is enough to keep inputs out of the cache.
+        """
+
+    @abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """Device name, versions and whatever else identifies the numbers it produces."""
+
+
+def library_versions() -> dict[str, str]:
+    import triton
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "kernelforge": __import__("kernelforge").__version__,
+    }
+
+
+class InterpretDevice(Device):
+    """Triton's CPU interpreter (with the bf16 fix). Timings are interpreter wall time."""
+
+    name = "interpret"
+    torch_device = "cpu"
+
+    def __init__(self, warmup: int = 1, repeats: int = 3):
+        self.warmup = warmup
+        self.repeats = repeats
+
+    def prepare(self) -> None:
+        from . import interpreter
+
+        interpreter.enable()
+
+    def time(self, calls: Sequence[Call], *, working_set_bytes: int = 0) -> Timing:
+        for i in range(self.warmup):
+            calls[i % len(calls)]()
+        samples = []
+        for i in range(self.repeats):
+            start = time.perf_counter()
+            calls[i % len(calls)]()
+            samples.append(time.perf_counter() - start)
+        median, p20, p80 = quantiles(samples)
+        return Timing(median, p20, p80, len(samples), "interpreter-wall", INTERPRETER_LABEL)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "device": "interpret",
+            "device_name": f"Triton interpreter on {platform.processor() or platform.machine()}",
+            "timing": INTERPRETER_LABEL,
+            **library_versions(),
+        }
+
+
+class _Nvml:
+    """NVML's energy counter and device facts, when pynvml is installed and the driver allows."""
+
+    def __init__(self, index: int):
+        self.handle = None
+        try:
+            import pynvml  # nvidia-ml-py; optional
+
+            pynvml.nvmlInit()
+            self.nvml = pynvml
+            self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            pynvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)
+        except Exception:  # no pynvml, no permission, or no energy counter on this GPU
+            self.handle = None
+
+    def energy_j(self) -> float | None:
+        if self.handle is None:
+            return None
+        return self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle) / 1000.0  # mJ -> J
+
+    def facts(self) -> dict[str, Any]:
+        if self.handle is None:
+            return {}
+        facts: dict[str, Any] = {}
+        for key, query in (
+            ("driver", lambda: self.nvml.nvmlSystemGetDriverVersion()),
+            ("sm_clock_mhz", lambda: self.nvml.nvmlDeviceGetClockInfo(self.handle, self.nvml.NVML_CLOCK_SM)),
+            ("max_sm_clock_mhz", lambda: self.nvml.nvmlDeviceGetMaxClockInfo(self.handle, self.nvml.NVML_CLOCK_SM)),
+            ("mem_clock_mhz", lambda: self.nvml.nvmlDeviceGetClockInfo(self.handle, self.nvml.NVML_CLOCK_MEM)),
+            ("power_limit_w", lambda: self.nvml.nvmlDeviceGetPowerManagementLimit(self.handle) / 1000.0),
+        ):
+            try:
+                value = query()
+                facts[key] = value.decode() if isinstance(value, bytes) else value
+            except Exception:
+                pass
+        return facts
+
+
+class CudaDevice(Device):
+    """A CUDA GPU, timed with events (or CUDA-graph replays for short kernels)."""
+
+    name = "cuda"
+
+    def __init__(self, warmup: int = 10, rounds: int = 3, calls_per_round: int = 50, index: int = 0):
+        self.warmup = warmup
+        self.rounds = rounds
+        self.calls_per_round = calls_per_round
+        self.index = index
+        self.torch_device = f"cuda:{index}"
+        self._flush: torch.Tensor | None = None
+        self._nvml: _Nvml | None = None
+
+    def prepare(self) -> None:
+        if not torch.cuda.is_available():
+            raise UserError("--device cuda: no CUDA GPU is visible to torch; use --device interpret on a CPU")
+        torch.cuda.set_device(self.index)
+        self._nvml = _Nvml(self.index)
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.index)
+
+    def _l2_bytes(self) -> int:
+        props = torch.cuda.get_device_properties(self.index)
+        return int(getattr(props, "L2_cache_size", 0) or 64 * 2**20)
+
+    def _flush_l2(self) -> None:
+        if self._flush is None:
+            # Writing twice the L2 size evicts everything the previous call left there.
+            self._flush = torch.empty(2 * self._l2_bytes() // 4, dtype=torch.int32, device=self.torch_device)
+        self._flush.zero_()
+
+    def time(self, calls: Sequence[Call], *, working_set_bytes: int = 0) -> Timing:
+        for i in range(self.warmup):
+            calls[i % len(calls)]()
+        self.synchronize()
+        # Rotating the input sets keeps the cache cold only if they do not fit in L2 together.
+        flush = working_set_bytes * len(calls) < 2 * self._l2_bytes()
+        probe = self._event_samples(calls, 5, flush)
+        if statistics.median(probe) < GRAPH_THRESHOLD_S:
+            try:
+                return self._time_graph(calls)
+            except RuntimeError:
+                pass  # capture failed (e.g. host synchronisation in the call): events below
+        samples: list[float] = []
+        walls: list[float] = []
+        for _ in range(self.rounds):
+            wall0 = time.perf_counter()
+            round_samples = self._event_samples(calls, self.calls_per_round, flush)
+            walls.append(time.perf_counter() - wall0)
+            samples.extend(round_samples)
+        median, p20, p80 = quantiles(samples)
+        event_total = sum(samples)
+        return Timing(
+            median, p20, p80, len(samples), "cuda-events",
+            f"CUDA events on {torch.cuda.get_device_name(self.index)}",
+            joules_per_call=self._energy_per_call(calls, median),
+            wall_over_event=(sum(walls) / event_total) if event_total > 0 else None,
+            extra={"l2_flush": flush, "input_sets": len(calls)},
+        )
+
+    def _event_samples(self, calls: Sequence[Call], count: int, flush: bool) -> list[float]:
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+        for i in range(count):
+            if flush:
+                self._flush_l2()
+            starts[i].record()
+            calls[i % len(calls)]()
+            ends[i].record()
+        self.synchronize()  # full-device sync: work on any stream is finished before reading
+        return [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)]
+
+    def _time_graph(self, calls: Sequence[Call]) -> Timing:
+        per_graph = max(len(calls), 20)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for call in calls:
+                call()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for i in range(per_graph):
+                calls[i % len(calls)]()
+        graph.replay()
+        self.synchronize()
+        samples = []
+        for _ in range(self.rounds):
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(10)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(10)]
+            for s, e in zip(starts, ends):
+                s.record()
+                graph.replay()
+                e.record()
+            self.synchronize()
+            samples.extend(s.elapsed_time(e) / 1e3 / per_graph for s, e in zip(starts, ends))
+        median, p20, p80 = quantiles(samples)
+        return Timing(
+            median, p20, p80, len(samples) * per_graph, "cuda-graph",
+            f"CUDA-graph replays ({per_graph} calls each) on {torch.cuda.get_device_name(self.index)}",
+            joules_per_call=self._energy_per_call(calls, median),
+            extra={"calls_per_graph": per_graph, "input_sets": len(calls)},
+        )
+
+    def _energy_per_call(self, calls: Sequence[Call], median_s: float) -> float | None:
+        """Joules per call from NVML's counter over a back-to-back round of at least ~0.5 s (the
+        counter updates in coarse steps, so shorter rounds read zero)."""
+        if self._nvml is None or self._nvml.energy_j() is None:
+            return None
+        count = int(min(max(50, math.ceil(0.5 / max(median_s, 1e-7))), 200_000))
+        self.synchronize()
+        e0 = self._nvml.energy_j()
+        for i in range(count):
+            calls[i % len(calls)]()
+        self.synchronize()
+        e1 = self._nvml.energy_j()
+        if e0 is None or e1 is None or e1 <= e0:
+            return None
+        return (e1 - e0) / count
+
+    def describe(self) -> dict[str, Any]:
+        props = torch.cuda.get_device_properties(self.index)
+        facts = self._nvml.facts() if self._nvml else {}
+        return {
+            "device": "cuda",
+            "device_name": props.name,
+            "capability": f"sm_{props.major}{props.minor}",
+            "sm_count": props.multi_processor_count,
+            "memory_gib": round(props.total_memory / 2**30, 1),
+            "cuda": torch.version.cuda,
+            "timing": "CUDA events (median, p20/p80)",
+            **facts,
+            **library_versions(),
+        }
+
+
+def get_device(name: str) -> Device:
+    """The device called ``name`` (``cuda``, ``cuda:N`` or ``interpret``)."""
+    if name == "interpret":
+        return InterpretDevice()
+    if name == "cuda" or name.startswith("cuda:"):
+        index = int(name.split(":", 1)[1]) if ":" in name else 0
+        return CudaDevice(index=index)
+    raise UserError(f"unknown device {name!r}; choose cuda or interpret")
+
+
+def default_device_name() -> str:
+    """``cuda`` when a GPU is visible, else ``interpret``."""
+    return "cuda" if torch.cuda.is_available() else "interpret"
+
+
+__all__ = ["CudaDevice", "Device", "InterpretDevice", "default_device_name", "get_device", "quantiles"]

@@ -1,0 +1,157 @@
+"""Templates: Jinja2 sources of Triton implementations of a block, with their search space.
+
+A template is one ``*.py.j2`` file in a block's folder. It opens with a Jinja comment holding a
+TOML header that declares the template and its space::
+
+    {#-
+    [template]
+    role = "baseline"            # "baseline" (the human expert's kernel) or "variant"
+    origin = "human"             # human | llm
+    description = "FlashAttention-2 forward with sinks and a band mask"
+    constraints = ["BLOCK_N <= BLOCK_M"]
+
+    [space]                      # parameter -> allowed values (Triton's spelling)
+    BLOCK_M = [64, 128]
+    BLOCK_N = [32, 64, 128]
+    num_warps = [4, 8]
+    num_stages = [2, 3, 4]
+
+    [baseline]                   # the point a human expert ships
+    BLOCK_M = 64
+    BLOCK_N = 64
+    num_warps = 4
+    num_stages = 3
+    -#}
+
+The variables the template body uses must be exactly the declared parameters, and rendering with a
+missing or unknown parameter fails (StrictUndefined). The rendered text is a self-contained Python
+module with a ``run(**inputs, out)`` entry point (see :mod:`kernelforge.block`).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import jinja2
+from jinja2 import meta
+
+from .errors import TemplateError
+from .space import Space
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+TEMPLATE_SUFFIX = ".py.j2"
+ROLES = ("baseline", "variant")
+ORIGINS = ("human", "llm")
+
+_HEADER = re.compile(r"\A\s*\{#-?(.*?)-?#\}", re.DOTALL)
+_ENV = jinja2.Environment(
+    undefined=jinja2.StrictUndefined,
+    keep_trailing_newline=True,
+    autoescape=False,
+)
+
+
+@dataclass(frozen=True)
+class Template:
+    """A parsed, validated template. Build with :meth:`from_file` or :meth:`from_text`."""
+
+    id: str
+    block_id: str
+    text: str
+    space: Space
+    baseline: Mapping[str, Any]
+    role: str = "variant"
+    origin: str = "human"
+    description: str = ""
+    deterministic: bool = True
+    path: Path | None = field(default=None, compare=False)
+
+    @classmethod
+    def from_file(cls, path: Path, block_id: str) -> "Template":
+        """Parse ``path`` (a ``*.py.j2`` in the folder of ``block_id``)."""
+        name = path.name[: -len(TEMPLATE_SUFFIX)] if path.name.endswith(TEMPLATE_SUFFIX) else path.stem
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise TemplateError(f"{path}: cannot read template ({exc.strerror})") from None
+        return cls.from_text(text, template_id=f"{block_id}/{name}", block_id=block_id, where=str(path), path=path)
+
+    @classmethod
+    def from_text(
+        cls, text: str, *, template_id: str, block_id: str, where: str, path: Path | None = None
+    ) -> "Template":
+        """Parse template source ``text``; ``where`` names it in error messages."""
+        match = _HEADER.match(text)
+        if not match:
+            raise TemplateError(
+                f"{where}: no header; a template starts with a Jinja comment {{#- ... -#}} holding "
+                "TOML tables [template], [space] and [baseline]"
+            )
+        try:
+            header = tomllib.loads(match.group(1))
+        except tomllib.TOMLDecodeError as exc:
+            raise TemplateError(f"{where}: header is not valid TOML ({exc})") from None
+        info = header.get("template", {})
+        unknown_tables = sorted(set(header) - {"template", "space", "baseline"})
+        if unknown_tables:
+            raise TemplateError(f"{where}: unknown header table(s) {', '.join(unknown_tables)}; "
+                                "use [template], [space], [baseline]")
+        if "space" not in header or not header["space"]:
+            raise TemplateError(f"{where}: header has no [space] table; declare each parameter's values")
+        space = Space.build(header["space"], info.get("constraints", []), where=f"{where} [space]")
+        baseline = dict(header.get("baseline", {}))
+        problems = space.problems(baseline)
+        if problems:
+            raise TemplateError(f"{where} [baseline]: {'; '.join(problems)}")
+        role = info.get("role", "variant")
+        origin = info.get("origin", "human")
+        if role not in ROLES:
+            raise TemplateError(f"{where} [template] role: {role!r} is not one of {', '.join(ROLES)}")
+        if origin not in ORIGINS:
+            raise TemplateError(f"{where} [template] origin: {origin!r} is not one of {', '.join(ORIGINS)}")
+        try:
+            parsed = _ENV.parse(text)
+        except jinja2.TemplateSyntaxError as exc:
+            raise TemplateError(f"{where}:{exc.lineno}: Jinja syntax error: {exc.message}") from None
+        used = meta.find_undeclared_variables(parsed)
+        declared = set(space.names)
+        if used != declared:
+            parts = []
+            if used - declared:
+                parts.append(f"uses undeclared {', '.join(sorted(used - declared))}")
+            if declared - used:
+                parts.append(f"declares unused {', '.join(sorted(declared - used))}")
+            raise TemplateError(f"{where}: template variables must equal its [space]: {'; '.join(parts)}")
+        return cls(
+            id=template_id,
+            block_id=block_id,
+            text=text,
+            space=space,
+            baseline=baseline,
+            role=role,
+            origin=origin,
+            description=str(info.get("description", "")),
+            deterministic=bool(info.get("deterministic", True)),
+            path=path,
+        )
+
+    def render(self, point: Mapping[str, Any]) -> str:
+        """The module source at ``point``; raises TemplateError naming what is wrong with it."""
+        problems = self.space.problems(point)
+        if problems:
+            raise TemplateError(f"template {self.id}: {'; '.join(problems)}")
+        try:
+            return _ENV.from_string(self.text).render(**point)
+        except jinja2.TemplateError as exc:
+            raise TemplateError(f"template {self.id}: rendering failed: {exc}") from None
+
+    def render_baseline(self) -> str:
+        return self.render(self.baseline)
