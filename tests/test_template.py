@@ -1,0 +1,137 @@
+"""Templates, spaces and discovery: headers are validated, renders are strict, names resolve."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kernelforge.candidate import Candidate, source_id
+from kernelforge.catalog import Catalog
+from kernelforge.errors import TemplateError, UserError
+from kernelforge.space import Space, parse_value
+from kernelforge.template import Template
+
+FIXTURES = Path(__file__).parent / "fixtures" / "kernels"
+
+HEADER = """{{#-
+[template]
+role = "variant"
+constraints = {constraints}
+
+[space]
+BLOCK = [16, 32, 64]
+num_warps = [2, 4]
+
+[baseline]
+BLOCK = {baseline}
+num_warps = 4
+-#}}
+"""
+BODY = "BLOCK = {{ BLOCK }}\nWARPS = {{ num_warps }}\n"
+
+
+def make(body: str = BODY, constraints: str = "[]", baseline: str = "32") -> Template:
+    text = HEADER.format(constraints=constraints, baseline=baseline) + body
+    return Template.from_text(text, template_id="toy/axpy/t", block_id="toy/axpy", where="t.py.j2")
+
+
+def test_render_at_a_point_and_baseline():
+    template = make()
+    assert template.render_baseline().endswith("BLOCK = 32\nWARPS = 4\n")
+    assert "BLOCK = 64" in template.render({"BLOCK": 64, "num_warps": 2})
+
+
+@pytest.mark.parametrize(
+    "point, fragment",
+    [
+        ({"BLOCK": 32}, "missing parameter(s) num_warps"),
+        ({"BLOCK": 32, "num_warps": 4, "EXTRA": 1}, "unknown parameter(s) EXTRA"),
+        ({"BLOCK": 48, "num_warps": 4}, "BLOCK=48 is not one of [16, 32, 64]"),
+    ],
+)
+def test_render_rejects_bad_points(point, fragment):
+    with pytest.raises(TemplateError, match=fragment.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(").replace(")", r"\)")):
+        make().render(point)
+
+
+def test_template_variables_must_equal_the_space():
+    with pytest.raises(TemplateError, match="uses undeclared BLOCK_N"):
+        make(BODY + "{{ BLOCK_N }}\n")
+    with pytest.raises(TemplateError, match="declares unused num_warps"):
+        make("BLOCK = {{ BLOCK }}\n")
+
+
+def test_constraints_filter_points_and_baseline():
+    template = make(constraints='["BLOCK * num_warps <= 128"]')
+    points = list(template.space.points())
+    assert {"BLOCK": 64, "num_warps": 4} not in points and {"BLOCK": 64, "num_warps": 2} in points
+    with pytest.raises(TemplateError, match="violates constraint"):
+        make(constraints='["BLOCK * num_warps <= 64"]')
+
+
+@pytest.mark.parametrize(
+    "constraint, fragment",
+    [
+        ('["BLOCK_Q < 2"]', "unknown parameter"),
+        ('["__import__(\'os\')"]', r"unknown parameter\(s\) __import__"),
+        ('["min(BLOCK)(1)"]', "may only call min, max or abs"),
+        ('["BLOCK.real > 0"]', "Attribute"),
+        ('["BLOCK <"]', "not a valid expression"),
+    ],
+)
+def test_constraints_cannot_run_code_or_name_unknowns(constraint, fragment):
+    with pytest.raises(UserError, match=fragment):
+        make(constraints=constraint)
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("no header here\n", "no header"),
+        ("{#- [template\n-#}\n", "not valid TOML"),
+        ("{#-\n[template]\n-#}\n", "no \\[space\\]"),
+        ("{#-\n[space]\nB = 4\n-#}\n{{ B }}", "must list its allowed values"),
+        ("{#-\n[space]\nB = [1]\n[baseline]\nB = 1\n[other]\n-#}\n{{ B }}", "unknown header table"),
+        ("{#-\n[space]\nB = [1]\n[baseline]\nB = 1\n-#}\n{% if %}", "Jinja syntax error"),
+        ("{#-\n[template]\nrole = \"boss\"\n[space]\nB = [1]\n[baseline]\nB = 1\n-#}\n{{ B }}", "role"),
+    ],
+)
+def test_malformed_templates_name_the_problem(text, fragment):
+    with pytest.raises(UserError, match=fragment) as info:
+        Template.from_text(text, template_id="toy/axpy/x", block_id="toy/axpy", where="x.py.j2")
+    assert str(info.value).startswith("x.py.j2")
+
+
+def test_space_grid_and_size():
+    space = Space.build({"A": [1, 2], "B": ["x", "y", "z"]}, ["A < 2 or B != 'z'"], where="w")
+    assert space.size == 6
+    assert len(list(space.points())) == 5
+
+
+def test_parse_value():
+    assert parse_value("64") == 64 and parse_value("0.5") == 0.5
+    assert parse_value("true") is True and parse_value("tl.float32") == "tl.float32"
+
+
+def test_candidate_id_is_the_hash_of_its_source():
+    template = make()
+    a = Candidate.from_template(template)
+    b = Candidate.from_template(template, {"BLOCK": 32, "num_warps": 4})
+    c = Candidate.from_template(template, {"BLOCK": 64, "num_warps": 4})
+    assert a.id == b.id == source_id(a.source) and a.id != c.id
+    assert a.origin == "manual"  # a variant's baseline point is not the human baseline
+
+
+def test_catalog_discovers_fixture_blocks_and_suggests_names():
+    catalog = Catalog.discover(FIXTURES)
+    assert "toy/axpy" in catalog.blocks
+    assert catalog.baseline("toy/axpy").id == "toy/axpy/baseline"
+    assert catalog.resolve("toy/axpy").id == "toy/axpy/baseline"
+    assert Candidate.from_template(catalog.baseline("toy/axpy")).origin == "baseline"
+    with pytest.raises(UserError, match="did you mean toy/axpy"):
+        catalog.block("toy/axpyy")
+    with pytest.raises(UserError, match="toy/axpy has toy/axpy/baseline"):
+        catalog.template("toy/axpy/nope")
+    with pytest.raises(UserError, match="does not exist"):
+        Catalog.discover(FIXTURES / "missing")
