@@ -23,6 +23,8 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
+from .errors import UserError
+
 #: Value distributions every block's input generator understands. ``normal``: unit normal;
 #: ``large``: normal scaled up (exercises overflow in exp/accumulators); ``outliers``: normal with
 #: a sparse set of large entries (exercises max-subtraction and rounding).
@@ -141,7 +143,7 @@ class Block(ABC):
     def shapes(self, name: str) -> list[Shape]:
         """The shapes of set ``name``, or the single preset shape called ``name``.
 
-        Raises KeyError with the valid names when neither exists.
+        Raises UserError with the valid names when neither exists.
         """
         sets = self.shape_sets()
         if name in sets:
@@ -150,7 +152,7 @@ class Block(ABC):
             for shape in shapes:
                 if shape.name == name:
                     return [shape]
-        raise KeyError(
+        raise UserError(
             f"block {self.id} has no shape set or shape named {name!r}; "
             f"shape sets: {', '.join(sets)}"
         )

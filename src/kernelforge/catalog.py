@@ -120,4 +120,10 @@ class Catalog:
         """A block id (meaning its baseline template) or a template id."""
         if name in self.blocks:
             return self.baseline(name)
+        if name.rpartition("/")[0] not in self.blocks:
+            known = list(self.blocks) + [t.id for t in self.all_templates()]
+            raise UserError(
+                f"unknown block or template {name!r}{_suggest(name, known)}; "
+                "`kernelforge blocks` and `kernelforge templates` list them"
+            )
         return self.template(name)

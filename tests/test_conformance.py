@@ -1,0 +1,84 @@
+"""One generic conformance test for every block and template found under kernels/.
+
+Adding a block or a template adds its cases here with no registration: each block must honour the
+Block contract, and each template must render, verify on the smoke and check shapes in every dtype
+the block declares, and (see test_aot_conformance) compile for sm_90.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernelforge.block import DISTRIBUTIONS, DTYPES, Shape
+from kernelforge.candidate import Candidate
+from kernelforge.catalog import Catalog
+from kernelforge.evaluate import load_candidate
+from kernelforge.result import Status
+from kernelforge.verify import verify
+
+KERNELS = Path(__file__).resolve().parents[1] / "kernels"
+CATALOG = Catalog.discover(KERNELS)
+BLOCK_IDS = sorted(CATALOG.blocks)
+TEMPLATE_IDS = [t.id for t in CATALOG.all_templates()]
+
+
+def _tensors(inputs):
+    return {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+
+
+def test_there_are_blocks_and_each_has_one_baseline():
+    assert {"attention/gpt_oss_prefill", "attention/gpt_oss_decode", "moe/gpt_oss_experts"} <= set(BLOCK_IDS)
+    for block_id in BLOCK_IDS:
+        assert CATALOG.baseline(block_id).origin == "human"
+
+
+@pytest.mark.parametrize("block_id", BLOCK_IDS)
+def test_block_contract(block_id):
+    block = CATALOG.block(block_id)
+    sets = block.shape_sets()
+    assert {"smoke", "check"} <= set(sets), "every block needs smoke and check shape sets"
+    presets = [name for name in sets if name not in ("smoke", "check")]
+    assert presets, "every block needs real presets"
+    names = [s.name for shapes in sets.values() for s in shapes]
+    assert len(names) == len(set(names)), "shape names must be unique within a block"
+    assert isinstance(block.compile_shape(), Shape)
+    shape = sets["smoke"][0]
+    for dtype_name in block.dtypes:
+        dtype = DTYPES[dtype_name]
+        counts = block.counts(shape, dtype)
+        assert counts.flops > 0 and counts.bytes > 0
+        for distribution in DISTRIBUTIONS:
+            a = block.make_inputs(shape, dtype, "cpu", seed=3, distribution=distribution)
+            b = block.make_inputs(shape, dtype, "cpu", seed=3, distribution=distribution)
+            c = block.make_inputs(shape, dtype, "cpu", seed=4, distribution=distribution)
+            for name, tensor in _tensors(a).items():
+                assert torch.equal(tensor, _tensors(b)[name]), f"{name}: same seed must give the same values"
+            assert any(not torch.equal(t, _tensors(c)[n]) for n, t in _tensors(a).items()), "seed is ignored"
+            before = {k: v.clone() for k, v in _tensors(a).items()}
+            ref = block.reference(**a)
+            assert ref.dtype == torch.float32
+            assert tuple(ref.shape) == tuple(block.make_output(shape, dtype, "cpu").shape)
+            assert torch.isfinite(ref).all()
+            for name, tensor in _tensors(a).items():
+                assert torch.equal(tensor, before[name]), f"reference modified its input {name}"
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("dtype_name", ["bfloat16", "float16"])
+@pytest.mark.parametrize("template_id", TEMPLATE_IDS)
+def test_template_verifies_at_its_baseline_point(template_id, dtype_name):
+    template = CATALOG.template(template_id)
+    block = CATALOG.block(template.block_id)
+    if dtype_name not in block.dtypes:
+        pytest.skip(f"{block.id} is not searched in {dtype_name}")
+    candidate = Candidate.from_template(template)
+    module, failure = load_candidate(candidate.source, template_id)
+    assert failure is None, failure.message
+    shapes = block.shapes("smoke") + block.shapes("check")
+    results = verify(block, module.run, shapes, DTYPES[dtype_name], "cpu",
+                     deterministic=template.deterministic, stop_at_first_failure=False)
+    failed = [f"{s.name}: {v.status.value} {v.message}" for s, v in results if v.status is not Status.OK]
+    assert not failed, failed
