@@ -1,14 +1,17 @@
-"""Test set-up: every test runs with Triton's interpreter on (CPU tensors), with the bf16 fix."""
+"""Test set-up: tests run with Triton's interpreter on (CPU tensors), with the bf16 fix, except
+when KERNELFORGE_TEST_DEVICE=cuda (scripts/gpu_check.sh runs the GPU tests that way)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from kernelforge import interpreter
 
-interpreter.enable()
+if os.environ.get("KERNELFORGE_TEST_DEVICE", "interpret") != "cuda":
+    interpreter.enable()
 
 REPO = Path(__file__).resolve().parents[1]
 

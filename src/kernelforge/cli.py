@@ -121,9 +121,11 @@ def render(ctx: click.Context, template_id: str, params: tuple[str, ...]) -> Non
 @click.option("--shapes", "shape_set", default="smoke", show_default=True, help="Shape set or shape name.")
 @click.option("--dtype", "dtype_name", default="bfloat16", show_default=True)
 @click.option("--no-time", is_flag=True, help="Verify only.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write every result, with the device and versions, to this JSON file.")
 @click.pass_context
 def check(ctx: click.Context, names: tuple[str, ...], device_name: str | None, shape_set: str, dtype_name: str,
-          no_time: bool) -> None:
+          no_time: bool, json_path: str | None) -> None:
     """Verify (and time) blocks' baselines or templates on a shape set.
 
     NAMES are block ids (meaning their baseline template) or template ids; none means every block.
@@ -159,6 +161,7 @@ def check(ctx: click.Context, names: tuple[str, ...], device_name: str | None, s
     env = device.describe()
     console.print(f"device: [bold]{env['device_name']}[/]  torch {env['torch']}  triton {env['triton']}")
     failures = 0
+    records: list[dict[str, Any]] = []
     for template, block, shapes, candidate in plans:
         table = Table(title=f"{candidate.describe()}  ({dtype_name}, {device.name})", title_justify="left")
         for column in ("shape", "status", "rel. error", "worst/tol", "time (median)", "p20-p80", "timing"):
@@ -179,13 +182,38 @@ def check(ctx: click.Context, names: tuple[str, ...], device_name: str | None, s
                 t.label if t else "",
             )
         console.print(table)
+        records.extend(_record(candidate, dtype_name, ev) for ev in evaluations)
         for ev in evaluations:
             if not ev.verification.ok:
                 console.print(f"  [red]{ev.verification.status.value}[/]: {ev.verification.message}")
+    if json_path:
+        _write_json(Path(json_path), {"environment": env, "results": records})
     if failures:
         console.print(f"[bold red]{failures} shape(s) failed[/]")
         ctx.exit(1)
     console.print("[bold green]all shapes passed[/]")
+
+
+def _record(candidate, dtype_name: str, ev) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    timing = asdict(ev.timing) if ev.timing else None
+    return {
+        "block": candidate.block_id, "template": candidate.template_id, "candidate": candidate.id,
+        "params": candidate.point, "shape": ev.shape.name, "dims": ev.shape.as_dict(), "dtype": dtype_name,
+        "status": ev.verification.status.value, "rel_error": ev.verification.rel_error,
+        "message": ev.verification.message, "flops": ev.counts.flops, "bytes": ev.counts.bytes, "timing": timing,
+    }
+
+
+def _write_json(path: Path, payload: dict[str, Any]) -> None:
+    import json
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(payload, indent=1, default=str) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"--json {path}: cannot write ({exc.strerror}); choose a writable path") from None
 
 
 @main.command(name="compile")

@@ -33,6 +33,8 @@ INTERPRETER_LABEL = "interpreter wall time (CPU), not GPU speed"
 #: Kernels faster than this are timed as CUDA-graph replays: launch overhead (about 5 us) would
 #: otherwise dominate an event pair (EVALUATION.md).
 GRAPH_THRESHOLD_S = 20e-6
+#: Target length of one timing round; bounds the device time spent on very long kernels.
+ROUND_SECONDS = 1.0
 
 
 def quantiles(samples: Sequence[float]) -> tuple[float, float, float]:
@@ -200,11 +202,14 @@ class CudaDevice(Device):
                 return self._time_graph(calls)
             except RuntimeError:
                 pass  # capture failed (e.g. host synchronisation in the call): events below
+        # Counts are fixed before timing starts (never a time budget the candidate could sense);
+        # long kernels (a 128k-token prefill takes ~0.1 s) get fewer calls per round.
+        per_round = max(5, min(self.calls_per_round, int(ROUND_SECONDS / statistics.median(probe))))
         samples: list[float] = []
         walls: list[float] = []
         for _ in range(self.rounds):
             wall0 = time.perf_counter()
-            round_samples = self._event_samples(calls, self.calls_per_round, flush)
+            round_samples = self._event_samples(calls, per_round, flush)
             walls.append(time.perf_counter() - wall0)
             samples.extend(round_samples)
         median, p20, p80 = quantiles(samples)

@@ -1,0 +1,5 @@
+"""``python -m kernelforge`` runs the CLI (useful where the console script is not on PATH)."""
+
+from .cli import main
+
+main()
