@@ -238,7 +238,8 @@ class Specialization:
                      sorted(self.attrs.items()), sorted(self.options.__dict__.items(), key=repr)))
 
     def describe(self) -> str:
-        """``a:*fp16:D, n:i32:D, stride:1, BLOCK:128``: one entry per argument."""
+        """``a:*fp16:D, n:i32:D, alpha:fp32, stride=1, BLOCK=128``: one entry per argument
+        (``:D`` divisible by 16, ``:S`` AMD buffer range; ``=`` marks a compile-time constant)."""
         parts = []
         for i, (name, ty) in enumerate(self.signature.items()):
             if ty == "constexpr":
@@ -273,7 +274,8 @@ def specialize(fn: Any, args: tuple, kwargs: dict, target: Target | str) -> Spec
     as constants), built with the *target's* backend instead of the local driver's, then the
     JIT's packing into signature / constexprs / attrs / options. The alignment attributes matter:
     without them the same attention config compiled to 255 registers with spills and no async
-    copies, with them 177 registers and cp.async (CPU_TRITON.md).
+    copies, with them 177 registers and cp.async (CPU_TRITON.md); the GPT-OSS prefill baseline
+    here: 254 registers and no cp.async without them, 162 and cp.async with them.
     """
     from triton import knobs
     from triton.runtime import jit as jit_module
@@ -281,9 +283,10 @@ def specialize(fn: Any, args: tuple, kwargs: dict, target: Target | str) -> Spec
     target = parse_target(target)
     backend = _backend(target)
     kwargs = dict(kwargs)
-    # As JITFunction.run does before binding. Triton 3.9 also always passes two instrumentation
-    # knobs; 3.6 has neither the knobs nor the option fields (its packing would reject the
-    # keywords), so they are passed only when set, which gives equal options either way.
+    # As JITFunction.run does before binding. Triton 3.9's run() also always passes two
+    # instrumentation knobs; older versions lack some of them (fpsan_homomorphic_casts is new)
+    # and their packing rejects unknown keywords, so they are passed only when set, which gives
+    # options equal to the JIT's on either version (the defaults are "" and False).
     kwargs["debug"] = kwargs.get("debug", getattr(fn, "debug", None)) or knobs.runtime.debug
     for name in ("instrumentation_mode", "fpsan_homomorphic_casts"):
         value = getattr(knobs.compilation, name, None)
@@ -292,7 +295,7 @@ def specialize(fn: Any, args: tuple, kwargs: dict, target: Target | str) -> Spec
     binder = jit_module.create_function_from_signature(fn.signature, fn.params, backend)
     bound_args, specialization, options = binder(*args, **kwargs)
     pack = getattr(fn, "_pack_args", None)
-    if pack is not None:  # Triton >= 3.7 factored the JIT's packing out of run(): use it
+    if pack is not None:  # newer Triton (3.9) factored the JIT's packing out of run(): use it
         options, signature, constexprs, attrs = pack(backend, kwargs, bound_args, specialization, options)
     else:
         options, signature, constexprs, attrs = _pack_args_36(fn, backend, kwargs, bound_args, specialization)
@@ -300,8 +303,9 @@ def specialize(fn: Any, args: tuple, kwargs: dict, target: Target | str) -> Spec
 
 
 def _pack_args_36(fn: Any, backend: Any, kwargs: dict, bound_args: dict, specialization: list):
-    """The packing inlined in JITFunction.run of Triton 3.4-3.6 (3.7+ has ``_pack_args``), with
-    3.9's fix that a constexpr's value is never read as an attribute string."""
+    """The packing inlined in JITFunction.run of older Triton (3.4-3.6; 3.9 has ``_pack_args``),
+    with 3.9's fix that a constexpr's value is never read as an attribute string. A test checks
+    it equals ``_pack_args`` where both exist."""
     from triton._utils import find_paths_if, get_iterable_path
 
     options = backend.parse_options(kwargs)
@@ -495,6 +499,33 @@ def kernel_resources(kernel: Any, spec: Specialization, target: Target, seconds:
     )
 
 
+def jit_registers(module: Any) -> dict[str, int]:
+    """Registers per kernel name that the JIT itself compiled for the JIT functions of ``module``,
+    read from their kernel caches after the module ran on a real GPU (the driver sets ``n_regs``
+    when it loads a kernel). For checking on a GPU that :func:`specialize` specialises like the
+    JIT: the registers of the same kernel must be equal (tests/test_gpu.py)."""
+    from triton.runtime.jit import JITFunction
+
+    found: dict[str, int] = {}
+    for value in list(vars(module).values()):
+        fn = value
+        for _ in range(4):  # unwrap @triton.autotune / @triton.heuristics (their .fn)
+            if fn is None or isinstance(fn, JITFunction):
+                break
+            fn = getattr(fn, "fn", None)
+        if not isinstance(fn, JITFunction):
+            continue
+        for cache in list(getattr(fn, "device_caches", {}).values()):
+            kernel_cache = cache[0]  # (kernel_cache, ...) in every version since 3.3
+            for kernel in list(kernel_cache.values()):
+                if hasattr(kernel, "result") and not hasattr(kernel, "metadata"):
+                    kernel = kernel.result()  # an async-compile future
+                registers = getattr(kernel, "n_regs", None)
+                if registers is not None:
+                    found[kernel.metadata.name] = int(registers)
+    return found
+
+
 def limit_problems(kernel: KernelResources, spec: Specialization | None, target: Target) -> list[str]:
     """Why ``kernel`` cannot launch on ``target`` (empty when it can)."""
     problems = []
@@ -532,11 +563,43 @@ def _first_lines(text: str, limit: int = 12, chars: int = 1500) -> str:
     return out[:chars]
 
 
+def _compilation_error_text(exc: BaseException) -> str | None:
+    """Triton's CompilationError as 'at line L of kernel: <code>' plus the reason. Its str() is 12
+    lines of kernel source and a caret with the reason last; a nested error (an inlined
+    @triton.jit helper) is chained through __cause__, so the innermost one is reported."""
+    try:
+        from triton.compiler.errors import CompilationError
+    except ImportError:
+        return None
+    chain, seen = [], set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        chain.append(current)
+        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
+    errors = [e for e in chain if isinstance(e, CompilationError)]
+    if not errors:
+        return None
+    inner = errors[-1]
+    where = ""
+    lineno = getattr(inner.node, "lineno", None)
+    if lineno and inner.src:
+        lines = inner.src.split("\n")
+        code = lines[lineno - 1].strip() if 0 < lineno <= len(lines) else ""
+        func = re.match(r"\s*def\s+(\w+)", inner.src)
+        where = f" at line {lineno} of {func.group(1) if func else 'the kernel'}: {code}"
+    reason = next((e.error_message for e in reversed(errors) if e.error_message), None)
+    if reason is None:
+        others = [e for e in chain if not isinstance(e, CompilationError)]
+        reason = f"{type(others[-1]).__name__}: {others[-1]}" if others else ""
+    return f"{type(inner).__name__}{where}\n{reason}".strip()
+
+
 def _error_text(exc: BaseException, captured: str = "") -> str:
-    """The compiler's message, not its traceback: Triton's CompilationError already carries the
-    source line and caret; MLIR pass failures print their diagnostics to stderr (``captured``)
-    and raise a bare 'PassManager::run failed'."""
-    text = f"{type(exc).__name__}: {exc}"
+    """The compiler's message, not its traceback. MLIR pass failures print their diagnostics to
+    stderr (``captured``) and raise a bare 'PassManager::run failed'; ptxas failures carry the
+    ptxas log in the exception."""
+    text = _compilation_error_text(exc) or f"{type(exc).__name__}: {exc}"
     diagnostics = [
         line for line in captured.splitlines()
         if re.search(r"\berror\b|LLVM ERROR|Assertion", line, re.IGNORECASE)
@@ -596,10 +659,11 @@ def _prepare_process() -> None:
     warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION.*")
     import triton
 
-    try:
-        triton.knobs.runtime.interpret = False  # in case triton was imported while the flag was set
-    except AttributeError:
-        pass
+    # The knob reads the environment lazily, so popping the variable is enough unless code run
+    # before this entry (spawn re-running the parent's main module) set the knob itself.
+    knobs = getattr(triton, "knobs", None)
+    if knobs is not None and knobs.runtime.interpret:
+        knobs.runtime.interpret = False
 
 
 def compile_here(source: str, block_id: str, kernels_root: str | Path, dtype_name: str, target: str) -> CompileReport:
@@ -630,11 +694,10 @@ def compile_here(source: str, block_id: str, kernels_root: str | Path, dtype_nam
 
     try:
         module = load_module(source, name_hint=block_id)
+    except SyntaxError as exc:
+        return failed("compile_error", f"candidate source has a syntax error at line {exc.lineno}: {exc.msg}")
     except Exception as exc:
-        path = None
-        if isinstance(exc, SyntaxError):
-            return failed("compile_error", f"candidate source has a syntax error at line {exc.lineno}: {exc.msg}")
-        return failed("compile_error", f"candidate module failed to import: {_error_text(exc)}{_where_in(exc, path)}")
+        return failed("compile_error", f"candidate module failed to import: {_error_text(exc)}")
     path = getattr(module, "__file__", None)
     if not callable(getattr(module, "run", None)):
         return failed("compile_error", "candidate defines no run(**inputs, out) function")
@@ -693,11 +756,18 @@ def _dtype_name(dtype: Any) -> str:
     raise UserError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
 
 
-def _child_main(conn: Any, args: tuple) -> None:
-    """Entry point of the compile child: no interpreter, answer over ``conn``."""
+#: Whether triton had been imported when the compile child's entry ran (see _environment_probe).
+_TRITON_PREIMPORTED: bool | None = None
+
+
+def _child_main(conn: Any, work: Any, args: tuple) -> None:
+    """Entry point of a compile child: drop the interpreter, run ``work(*args)``, answer over
+    ``conn`` with ("result", value), ("user_error", message) or ("crash", text)."""
+    global _TRITON_PREIMPORTED
+    _TRITON_PREIMPORTED = "triton" in sys.modules
     try:
         _prepare_process()
-        result = ("report", compile_here(*args))
+        result = ("result", work(*args))
     except UserError as exc:
         result = ("user_error", str(exc))
     except BaseException as exc:  # anything else is a bug in the compile step, not the candidate
@@ -706,6 +776,20 @@ def _child_main(conn: Any, args: tuple) -> None:
         conn.send(result)
     finally:
         conn.close()
+
+
+def _environment_probe() -> dict:
+    """What a compile child sees (for tests): the interpreter flag, whether triton was imported
+    before the child's entry (by spawn re-importing the parent's main module), and the class
+    ``@triton.jit`` produces there."""
+    from .candidate import load_module
+
+    module = load_module("import triton\n\n\n@triton.jit\ndef _probe(x):\n    pass\n", "probe")
+    return {
+        "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET"),
+        "triton_preimported": _TRITON_PREIMPORTED,
+        "jit_class": type(module._probe).__name__,
+    }
 
 
 def _describe_exit(code: int | None) -> str:
@@ -717,49 +801,33 @@ def _describe_exit(code: int | None) -> str:
     return f"exit code {code}"
 
 
-def compile_candidate(
-    source: str,
-    block_id: str,
-    kernels_root: str | Path,
-    dtype: Any,
-    target: str | None = None,
-    timeout: float = 120,
-) -> CompileReport:
-    """Compile candidate ``source`` of block ``block_id`` for ``target`` (default
-    :func:`default_target`) in a fresh child process, and report its kernels' resources.
+class _ChildFailed(Exception):
+    def __init__(self, status: str, message: str):
+        super().__init__(message)
+        self.status = status
 
-    The child is started with multiprocessing's ``spawn`` (nothing of the caller's state is
-    inherited, the interpreter flag included: the child removes TRITON_INTERPRET before it imports
-    triton) and killed after ``timeout`` seconds (status ``timeout``; the budget includes about
-    3 s of process start and torch import). A child that crashes (a segfault in the compiler)
-    gives ``compile_error``; the caller is never taken down.
 
-    Raises UserError for mistakes of the caller: unknown target, block or dtype.
+def _run_in_child(work: Any, args: tuple, timeout: float) -> Any:
+    """``work(*args)`` in a fresh spawned process without TRITON_INTERPRET; its return value.
+
+    Raises UserError (re-raised from the child), or _ChildFailed with status ``timeout`` (the
+    child was killed) or ``compile_error`` (it died, or the work itself failed).
     """
-    start = time.perf_counter()
-    tgt = parse_target(target if target is not None else default_target())
-    args = (source, block_id, str(kernels_root), _dtype_name(dtype), tgt.name)
     ctx = mp.get_context("spawn")
     receiver, sender = ctx.Pipe(duplex=False)
-    process = ctx.Process(target=_child_main, args=(sender, args), name="kernelforge-aot", daemon=True)
+    process = ctx.Process(target=_child_main, args=(sender, work, args), name="kernelforge-aot", daemon=True)
     process.start()
     sender.close()
     try:
-        if receiver.poll(timeout):
-            try:
-                kind, value = receiver.recv()
-            except (EOFError, OSError):
-                process.join(5)
-                return CompileReport.failed(
-                    tgt.name, "compile_error",
-                    f"the compile process died ({_describe_exit(process.exitcode)}) while compiling",
-                    seconds=time.perf_counter() - start,
-                )
-        else:
-            return CompileReport.failed(
-                tgt.name, "timeout", f"compile did not finish within {timeout:g} s; the compile process was killed",
-                seconds=time.perf_counter() - start,
-            )
+        if not receiver.poll(timeout):
+            raise _ChildFailed("timeout", f"compile did not finish within {timeout:g} s; the compile process was killed")
+        try:
+            kind, value = receiver.recv()
+        except (EOFError, OSError):
+            process.join(5)
+            raise _ChildFailed(
+                "compile_error", f"the compile process died ({_describe_exit(process.exitcode)}) while compiling"
+            ) from None
     finally:
         receiver.close()
         if process.is_alive():
@@ -768,9 +836,40 @@ def compile_candidate(
     if kind == "user_error":
         raise UserError(value)
     if kind == "crash":
-        return CompileReport.failed(tgt.name, "compile_error", f"internal error in the compile step: {value}",
-                                    seconds=time.perf_counter() - start)
-    return value.replace_seconds(time.perf_counter() - start)
+        raise _ChildFailed("compile_error", f"internal error in the compile step: {value}")
+    return value
+
+
+def compile_candidate(
+    source: str,
+    block_id: str,
+    kernels_root: str | Path,
+    dtype: Any,
+    target: str | None = None,
+    timeout: float = 120,
+) -> CompileReport:
+    """Compile candidate ``source`` of block ``block_id`` (found under ``kernels_root``) in
+    ``dtype`` for ``target`` (default :func:`default_target`) in a fresh child process, and report
+    its kernels' resources.
+
+    The child is started with multiprocessing's ``spawn``: nothing of the caller's state is
+    inherited, and the child removes TRITON_INTERPRET before it imports triton, so this works
+    from a process running the interpreter (the test suite). Like any spawn-based code, a script
+    calling this must guard its entry with ``if __name__ == "__main__":``. The child is killed
+    after ``timeout`` seconds (status ``timeout``; the budget includes about 3 s of process start
+    and torch import). A child that crashes (a segfault in the compiler) gives ``compile_error``;
+    the caller is never taken down.
+
+    Raises UserError for mistakes of the caller: unknown target, block or dtype.
+    """
+    start = time.perf_counter()
+    tgt = parse_target(target if target is not None else default_target())
+    args = (source, block_id, str(Path(kernels_root).resolve()), _dtype_name(dtype), tgt.name)
+    try:
+        report = _run_in_child(compile_here, args, timeout)
+    except _ChildFailed as exc:
+        return CompileReport.failed(tgt.name, exc.status, str(exc), seconds=time.perf_counter() - start)
+    return report.replace_seconds(time.perf_counter() - start)
 
 
 class _Timeout(BaseException):
@@ -779,7 +878,15 @@ class _Timeout(BaseException):
 
 
 def _pool_initializer() -> None:
+    """Prepare a pool worker: no interpreter, and everything a compile imports imported now, so
+    that a task's timeout never lands in the middle of an import (torch's lazy imports cannot be
+    retried once interrupted: the next task in that worker would fail)."""
     _prepare_process()
+    import torch  # noqa: F401
+    import triton.compiler  # noqa: F401
+    import triton.runtime.jit  # noqa: F401
+
+    from . import block, candidate, catalog  # noqa: F401
 
 
 def _pool_task(args: tuple, timeout: float) -> CompileReport:
@@ -838,7 +945,7 @@ class CompilePool:
     ) -> cf.Future:
         """Queue one compile; see :func:`compile_candidate` for the arguments."""
         tgt = parse_target(target if target is not None else default_target())
-        args = (source, block_id, str(kernels_root), _dtype_name(dtype), tgt.name)
+        args = (source, block_id, str(Path(kernels_root).resolve()), _dtype_name(dtype), tgt.name)
         if self._executor is None:
             self._executor = self._new_executor()
         try:
@@ -873,6 +980,7 @@ __all__ = [
     "compile_here",
     "compile_specialization",
     "default_target",
+    "jit_registers",
     "kernel_resources",
     "parse_target",
     "recording_launches",
