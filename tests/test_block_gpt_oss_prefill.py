@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from kernelforge.verify import within
+
 from kernelforge import interpreter
 from kernelforge.block import DISTRIBUTIONS, Shape, Tolerance
 from kernelforge.candidate import Candidate, load_module
@@ -72,18 +74,6 @@ def naive_prefill(q, k, v, sinks, sm_scale, window) -> torch.Tensor:
         p = torch.softmax(logits, dim=-1)[..., :-1]
         out[:, r] = torch.einsum("bhj,bjhd->bhd", p, vh[:, keys])
     return out
-
-
-def within(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> tuple[bool, str]:
-    """Tolerance's rule (see its docstring): finite, relative norm, and elementwise bound."""
-    out, ref = out.double(), ref.double()
-    if not torch.isfinite(out).all():
-        return False, "non-finite output"
-    rel = ((out - ref).norm() / ref.norm()).item()
-    bound = tol.atol * ref.pow(2).mean().sqrt() + tol.rtol * ref.abs()
-    worst = ((out - ref).abs() / bound).max().item()
-    why = f"rel_norm={rel:.3g} (max {tol.rel_norm}), elementwise/bound={worst:.3g}"
-    return rel <= tol.rel_norm and worst <= 1.0, why
 
 
 # -- reference, inputs, counts, shapes -------------------------------------------------------------

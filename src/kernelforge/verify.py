@@ -136,6 +136,12 @@ def compare(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> tuple[float
     return rel, excess, ""
 
 
+def within(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> tuple[bool, str]:
+    """Whether ``out`` passes ``tol`` against ``ref``, and a one-line account of the errors."""
+    rel, excess, problem = compare(out, ref, tol)
+    return not problem, problem or f"relative error {rel:.3g} (max {tol.rel_norm:g}), worst element {excess:.3g}x its bound"
+
+
 def _check_reference_spread(ref: torch.Tensor, where: str) -> None:
     ref64 = ref.double()
     rms = float(ref64.pow(2).mean().sqrt()) if ref64.numel() else 0.0
