@@ -9,12 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernelforge.verify import within
-
 from kernelforge import interpreter
 from kernelforge.block import DISTRIBUTIONS, Shape, Tolerance
 from kernelforge.candidate import Candidate, load_module
 from kernelforge.template import Template
+from kernelforge.verify import within
 
 BLOCK_ID = "attention/gpt_oss_decode"
 REPO = Path(__file__).resolve().parents[1]

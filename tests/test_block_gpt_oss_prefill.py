@@ -11,12 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from kernelforge.verify import within
-
 from kernelforge import interpreter
 from kernelforge.block import DISTRIBUTIONS, Shape, Tolerance
 from kernelforge.candidate import Candidate, load_module
 from kernelforge.template import Template
+from kernelforge.verify import within
 
 BLOCK_ID = "attention/gpt_oss_prefill"
 REPO = Path(__file__).resolve().parents[1]

@@ -249,6 +249,89 @@ def compile_(ctx: click.Context, template_id: str, params: tuple[str, ...], targ
         ctx.exit(1)
 
 
+def _load_job(ctx: click.Context, job_file: str, storage: str | None):
+    from dataclasses import replace
+
+    from .job import load_job
+
+    catalog = _catalog(ctx)
+    job = load_job(job_file, catalog)
+    if storage:
+        job = replace(job, storage=storage)
+    return job, catalog
+
+
+@main.command()
+@click.argument("job_file", type=click.Path(dir_okay=False))
+@click.option("--storage", default=None, help="SQLAlchemy URL of the results database (default: the job's).")
+@click.option("--device", "device_name", default=None, help="Override the job's device: cuda, interpret or replay:PATH.")
+@click.option("--progress", "progress_mode", type=click.Choice(["live", "jsonl", "quiet"]), default=None,
+              help="Live terminal view (default on a terminal), JSON lines, or quiet.")
+@click.option("--no-compile", is_flag=True, help="Skip ahead-of-time compilation of candidates.")
+@click.option("--report/--no-report", default=True, show_default=True, help="Write the report when done.")
+@click.pass_context
+def search(ctx: click.Context, job_file: str, storage: str | None, device_name: str | None,
+           progress_mode: str | None, no_compile: bool, report: bool) -> None:
+    """Run (or resume) the search described by JOB_FILE; rerunning continues where it stopped."""
+    from .progress import make_progress
+    from .report import write_report
+    from .search import Search
+    from .store import Store
+
+    job, catalog = _load_job(ctx, job_file, storage)
+    store = Store(job.storage_url)
+    mode = progress_mode or ("live" if sys.stdout.isatty() else "jsonl")
+    progress = make_progress(mode)
+    try:
+        outcome = Search(job, catalog, store, progress, device_name=device_name,
+                         compile_enabled=not no_compile).run()
+    finally:
+        progress.close()
+    if report:
+        path = write_report(job, catalog, store)
+        err_console.print(f"report: {path}")
+    counts = store.counts()
+    err_console.print(f"{job.name}: {outcome.evaluations} evaluations this run, {outcome.duplicates} answered "
+                      f"from the store; {counts['candidates']} candidates and {counts['results']} results stored "
+                      f"in {job.storage_url}")
+    if outcome.stopped:
+        ctx.exit(130)
+
+
+@main.command()
+@click.argument("job_file", type=click.Path(dir_okay=False))
+@click.option("--storage", default=None, help="SQLAlchemy URL of the results database (default: the job's).")
+@click.pass_context
+def report(ctx: click.Context, job_file: str, storage: str | None) -> None:
+    """Write reports/<job>/REPORT.md and results.json from the stored results of JOB_FILE."""
+    from .report import write_report
+    from .store import Store
+
+    job, catalog = _load_job(ctx, job_file, storage)
+    store = Store(job.storage_url, create=False)
+    path = write_report(job, catalog, store)
+    console.print(path.read_text(encoding="utf-8"))
+    err_console.print(f"wrote {path} and {path.with_name('results.json')}")
+
+
+@main.command(name="strategy-bench")
+@click.argument("space_file", type=click.Path(dir_okay=False))
+@click.option("--strategy", "strategies", default="tpe,random", show_default=True,
+              help="Comma-separated strategies; random search is always included for reference.")
+@click.option("--seeds", default=10, show_default=True, type=click.IntRange(1))
+@click.option("--budget", default=100, show_default=True, type=click.IntRange(1))
+def strategy_bench(space_file: str, strategies: str, seeds: int, budget: int) -> None:
+    """Compare search strategies on a recorded tuning space (a Kernel Tuner cache file): evaluations
+    needed to get within 1%, 5% and 10% of the space's optimum, over SEEDS seeds."""
+    from .recorded import load_kernel_tuner_cache
+    from .strategy_bench import bench, format_table
+
+    space = load_kernel_tuner_cache(space_file)
+    names = [n.strip() for n in strategies.split(",") if n.strip()]
+    rows = bench(space, names, seeds=seeds, budget=budget)
+    console.print(format_table(rows))
+
+
 def _yes(flag: bool | None) -> str:
     return "-" if flag is None else ("yes" if flag else "no")
 
