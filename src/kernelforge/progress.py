@@ -1,0 +1,105 @@
+"""Progress of a search: a live terminal view, JSON lines for scripts, or quiet.
+
+The search reports events (``start``, ``baseline``, ``evaluated``, ``duplicate``, ``confirmed``,
+``end``); a progress object turns them into output and never influences the search.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import Counter, defaultdict
+from typing import Any, TextIO
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+
+class Progress:
+    """Quiet: records nothing, prints nothing. Subclasses print."""
+
+    def event(self, kind: str, **data: Any) -> None:
+        """One thing that happened in the search."""
+
+    def close(self) -> None:
+        pass
+
+
+class JsonLinesProgress(Progress):
+    """One JSON object per event on a stream (stdout by default), for scripts."""
+
+    def __init__(self, stream: TextIO | None = None):
+        self.stream = stream or sys.stdout
+
+    def event(self, kind: str, **data: Any) -> None:
+        self.stream.write(json.dumps({"event": kind, "time": round(time.time(), 3), **data}, default=str) + "\n")
+        self.stream.flush()
+
+
+class LiveProgress(Progress):
+    """A rich table, redrawn as events arrive: evaluations done of budget, best speedup so far,
+    failures by kind and candidates per minute, per block."""
+
+    def __init__(self, console: Console | None = None):
+        self.console = console or Console(highlight=False)
+        self.started = time.time()
+        self.header = ""
+        self.budget: dict[str, int] = {}
+        self.done: Counter[str] = Counter()
+        self.best: dict[str, float] = {}
+        self.failures: dict[str, Counter[str]] = defaultdict(Counter)
+        self.duplicates: Counter[str] = Counter()
+        self.notes: list[str] = []
+        self.live = Live(self._render(), console=self.console, refresh_per_second=4, transient=False)
+        self.live.start()
+
+    def event(self, kind: str, **data: Any) -> None:
+        block = data.get("block", "")
+        if kind == "start":
+            self.header = f"job {data['job']} on {data['device']} ({data['dtype']}, strategy {data['strategy']})"
+            self.budget.update(data.get("budgets", {}))
+        elif kind == "evaluated":
+            self.done[block] += 1
+            if data["status"] != "ok":
+                self.failures[block][data["status"]] += 1
+            elif data.get("speedup") is not None:
+                self.best[block] = max(self.best.get(block, 0.0), data["speedup"])
+        elif kind == "duplicate":
+            self.duplicates[block] += 1
+        elif kind == "baseline":
+            self.best.setdefault(block, 1.0)
+        elif kind == "confirmed":
+            verdict = "winner" if data["winner"] else "within noise"
+            self.notes.append(f"{block} {data['shape']}: {data['candidate']} x{data['median']:.3f} "
+                              f"(p20-p80 {data['p20']:.3f}-{data['p80']:.3f}) {verdict}")
+        elif kind in ("end", "stopped", "warning"):
+            self.notes.append(data.get("message", kind))
+        self.live.update(self._render())
+
+    def _render(self) -> Group:
+        minutes = max((time.time() - self.started) / 60.0, 1e-9)
+        table = Table(title=self.header or "kernelforge search", title_justify="left")
+        for column in ("block", "evaluations", "best speedup", "failures", "duplicates", "cand./min"):
+            table.add_column(column)
+        for block in self.budget:
+            failures = ", ".join(f"{k} {v}" for k, v in sorted(self.failures[block].items())) or "-"
+            best = self.best.get(block)
+            table.add_row(block, f"{self.done[block]}/{self.budget[block]}", "-" if best is None else f"{best:.3f}x",
+                          failures, str(self.duplicates[block]), f"{self.done[block] / minutes:.1f}")
+        return Group(table, *(Text(n) for n in self.notes[-8:]))
+
+    def close(self) -> None:
+        self.live.update(self._render())
+        self.live.stop()
+
+
+def make_progress(mode: str) -> Progress:
+    """``live`` (default), ``jsonl`` or ``quiet``."""
+    if mode == "jsonl":
+        return JsonLinesProgress()
+    if mode == "quiet":
+        return Progress()
+    return LiveProgress()

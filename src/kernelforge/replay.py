@@ -1,0 +1,79 @@
+"""The ``replay`` device: answers a search's evaluations from a recorded results database.
+
+A search run with ``--device replay:reports/<job>/kernelforge.db`` on a CPU sees the statuses and
+timings a real GPU produced, so strategies can be developed and compared without a device. A
+candidate the recording never measured comes back as ``runtime_error`` with a message saying so.
+Recorded Kernel Tuner caches (other kernels, other spaces) are replayed by ``strategy-bench``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .block import Block, Shape
+from .errors import UserError
+from .evaluate import Evaluation
+from .result import Status, Timing, Verification
+from .store import Store, StoredResult
+
+
+class ReplayDevice:
+    """Looks evaluations up in a recorded kernelforge database instead of running them."""
+
+    name = "replay"
+    torch_device = "cpu"
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise UserError(f"replay:{path}: no such recording; give the path of a kernelforge.db of an earlier search")
+        self.store = Store(f"sqlite:///{self.path}", create=False)
+        self._env: dict[str, Any] | None = None
+        self._index: dict[tuple[str, str, str], StoredResult] = {}
+        for row in self.store.results():
+            # One recording may hold several devices: replay the first one seen, consistently.
+            if self._env is None:
+                self._env = row.env
+            if row.env == self._env:
+                self._index.setdefault((row.candidate_id, row.shape, row.dtype), row)
+
+    def prepare(self) -> None:
+        if self._env is None:
+            raise UserError(f"replay:{self.path}: the recording holds no results")
+
+    def describe(self) -> dict[str, Any]:
+        env = dict(self._env or {})
+        recorded = env.get("device_name", "?")
+        return {
+            **env,
+            "device": "replay",
+            "device_name": f"replay of {recorded}",
+            "recorded_device": recorded,
+            "recording": str(self.path),
+            "timing": f"replayed from {self.path.name} (measured on {recorded})",
+        }
+
+    def evaluate(self, block: Block, candidate_id: str, shapes: list[Shape], dtype: str) -> list[Evaluation]:
+        label = f"replayed from {self.path.name} (measured on {(self._env or {}).get('device_name', '?')})"
+        out = []
+        for shape in shapes:
+            row = self._index.get((candidate_id, shape.name, dtype))
+            counts = block.counts(shape, _torch_dtype(dtype))
+            if row is None:
+                verdict = Verification(Status.RUNTIME_ERROR, message=f"{shape.name}: not in the recording {self.path.name}")
+                out.append(Evaluation(shape, verdict, counts))
+                continue
+            verdict = Verification(row.status, row.rel_error, row.excess, 0, row.message)
+            timing = None
+            if row.median_s is not None:
+                timing = Timing(row.median_s, row.p20_s or row.median_s, row.p80_s or row.median_s,
+                                row.samples or 0, f"replay:{row.timing_method}", label, row.joules)
+            out.append(Evaluation(shape, verdict, counts, timing))
+        return out
+
+
+def _torch_dtype(name: str):
+    from .block import DTYPES
+
+    return DTYPES[name]
