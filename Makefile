@@ -18,7 +18,8 @@ $(BIN)/.installed: pyproject.toml
 	touch $@
 
 demo: $(BIN)/.installed
-	$(BIN)/kernelforge check --device interpret --shapes smoke --dtype bfloat16
+	$(BIN)/kernelforge search search/demo.toml
+	$(BIN)/kernelforge report search/demo.toml
 
 test: $(BIN)/.installed
 	$(BIN)/python -m pytest -n 2 -q

@@ -82,3 +82,15 @@ def test_template_verifies_at_its_baseline_point(template_id, dtype_name):
                      deterministic=template.deterministic, stop_at_first_failure=False)
     failed = [f"{s.name}: {v.status.value} {v.message}" for s, v in results if v.status is not Status.OK]
     assert not failed, failed
+
+
+@pytest.mark.aot
+@pytest.mark.parametrize("template_id", TEMPLATE_IDS)
+def test_template_compiles_for_sm90_at_its_baseline_point(template_id):
+    from kernelforge.aot import compile_candidate
+
+    template = CATALOG.template(template_id)
+    report = compile_candidate(Candidate.from_template(template).source, template.block_id, KERNELS, "bfloat16", "sm_90")
+    assert report.status == "ok", report.message
+    assert report.kernels and all(k.registers and k.registers > 0 for k in report.kernels)
+    assert all(k.shared_bytes <= 232448 for k in report.kernels)

@@ -12,9 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .analysis import by_candidate, rank
-from .block import Block, Shape
 from .device import quantiles
-from .evaluate import load_candidate, time_candidate
 
 if TYPE_CHECKING:
     from .search import Search
@@ -49,7 +47,8 @@ def confirm(search: "Search", top: int | None = None) -> dict[str, list[dict[str
                     return outcome
                 source = search.store.candidate(candidate_id).source
                 for shape in group:
-                    speedups = baseline_pairs(search, block, source, shape, pairs)
+                    speedups = search.executor.pair_speedups(block, search.baselines[block.id].source, source,
+                                                             shape, search.dtype, pairs)
                     if not speedups:
                         continue
                     median, p20, p80 = quantiles(speedups)
@@ -62,22 +61,3 @@ def confirm(search: "Search", top: int | None = None) -> dict[str, list[dict[str
                     search.progress.event("confirmed", block=block.id, shape=shape.name, candidate=candidate_id,
                                           median=median, p20=p20, p80=p80, winner=winner)
     return outcome
-
-
-def baseline_pairs(search: "Search", block: Block, candidate_source: str, shape: Shape,
-                   pairs: int) -> list[float]:
-    """Interleaved baseline/candidate timings on one shape: the speedup of each pair (drift of the
-    machine between pairs cancels within a pair)."""
-    base_module, _ = load_candidate(search.baselines[block.id].source, block.id)
-    cand_module, failure = load_candidate(candidate_source, block.id)
-    if failure is not None:
-        return []
-    counts = block.counts(shape, search.dtype)
-    speedups = []
-    for _ in range(pairs):
-        base = time_candidate(block, base_module.run, shape, search.dtype, search.device, counts)
-        cand = time_candidate(block, cand_module.run, shape, search.dtype, search.device, counts)
-        speedups.append(base.median_s / cand.median_s)
-    return speedups
-
-

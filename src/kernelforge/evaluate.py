@@ -98,3 +98,39 @@ def evaluate(
         if stop_at_first_failure and not verdict.ok:
             break
     return results
+
+
+def pair_speedups(block: Block, baseline_source: str, candidate_source: str, shape: Shape, dtype: torch.dtype,
+                  device: Device, pairs: int) -> list[float]:
+    """Interleaved baseline/candidate timings on one shape: the speedup of each pair (drift of the
+    machine between pairs cancels within a pair). Empty when either source fails to load."""
+    base_module, base_failure = load_candidate(baseline_source, block.id)
+    cand_module, cand_failure = load_candidate(candidate_source, block.id)
+    if base_failure is not None or cand_failure is not None:
+        return []
+    counts = block.counts(shape, dtype)
+    speedups = []
+    for _ in range(pairs):
+        base = time_candidate(block, base_module.run, shape, dtype, device, counts)
+        cand = time_candidate(block, cand_module.run, shape, dtype, device, counts)
+        speedups.append(base.median_s / cand.median_s)
+    return speedups
+
+
+class InProcessExecutor:
+    """Evaluates candidates in this process: for trusted templates and tests. Untrusted code runs
+    through an isolating executor with the same two methods."""
+
+    def __init__(self, device: Device):
+        self.device = device
+
+    def evaluate(self, block: Block, source: str, shapes: list[Shape], dtype: torch.dtype, *,
+                 deterministic: bool = True) -> list[Evaluation]:
+        return evaluate(block, source, shapes, dtype, self.device, deterministic=deterministic)
+
+    def pair_speedups(self, block: Block, baseline_source: str, candidate_source: str, shape: Shape,
+                      dtype: torch.dtype, pairs: int) -> list[float]:
+        return pair_speedups(block, baseline_source, candidate_source, shape, dtype, self.device, pairs)
+
+    def close(self) -> None:
+        pass

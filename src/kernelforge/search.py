@@ -25,7 +25,7 @@ from .block import DTYPES, Block, Shape
 from .candidate import Candidate
 from .catalog import Catalog
 from .errors import UserError
-from .evaluate import Evaluation, evaluate
+from .evaluate import Evaluation, InProcessExecutor
 from .job import Job
 from .progress import Progress
 from .result import Status, Verification
@@ -109,6 +109,7 @@ class Search:
         self.dtype_name = job.dtype
         self.dtype = DTYPES[job.dtype]
         self.device = make_device(device_name or job.device)
+        self.executor = InProcessExecutor(self.device)
         self.compile_enabled = compile_enabled and self.device.name != "replay"
         self.compile_workers = compile_workers
         self.target: str | None = None
@@ -183,8 +184,8 @@ class Search:
         elif self.device.name == "replay":
             evaluations = self.device.evaluate(block, candidate.id, missing, self.dtype_name)
         else:
-            evaluations = evaluate(block, candidate.source, missing, self.dtype, self.device,
-                                   deterministic=deterministic)
+            evaluations = self.executor.evaluate(block, candidate.source, missing, self.dtype,
+                                                 deterministic=deterministic)
         for ev in evaluations:
             row = self._row(candidate, ev)
             self.store.add_result(row)
@@ -290,6 +291,7 @@ class Search:
         finally:
             if self.pool is not None:
                 self.pool.shutdown(wait=False, cancel_futures=True)
+            self.executor.close()
         return outcome
 
     def _next_study(self, studies: list[Study], turn: list[int]) -> Study | None:
