@@ -11,9 +11,9 @@ import torch
 
 from kernelforge import interpreter
 from kernelforge.block import DISTRIBUTIONS, Shape, Tolerance
-from kernelforge.candidate import Candidate, load_module
 from kernelforge.template import Template
 from kernelforge.verify import within
+from kernel_helpers import module_at as _module, run_once as _run
 
 BLOCK_ID = "attention/gpt_oss_decode"
 REPO = Path(__file__).resolve().parents[1]
@@ -80,17 +80,6 @@ def test_reference_chunks_over_batch(block, monkeypatch):
     assert torch.allclose(block.reference(**inputs), whole, rtol=1e-6, atol=1e-6)
 
 
-def test_reference_does_not_modify_inputs(block):
-    shape = block.shapes("check/ragged/window128")[0]
-    inputs = block.make_inputs(shape, torch.float16, "cpu", seed=1, distribution="outliers")
-    before = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
-    block.reference(**inputs)
-    for name, value in before.items():
-        if isinstance(value, torch.Tensor):
-            assert torch.equal(inputs[name], value), name
-        else:
-            assert inputs[name] == value, name
-
 
 def test_inputs_are_seeded_and_junk_outside_allowed_keys(block):
     shape = block.shapes("smoke/window32")[0]
@@ -149,22 +138,6 @@ def test_shape_sets(block):
 # -- the baseline template in the interpreter -----------------------------------------------------
 
 
-_MODULES: dict = {}
-
-
-def _module(template: Template, point: dict):
-    """The rendered module at ``point``, loaded once per test session."""
-    candidate = Candidate.from_template(template, point)
-    if candidate.id not in _MODULES:
-        _MODULES[candidate.id] = load_module(candidate.source, name_hint=template.id)
-    return _MODULES[candidate.id]
-
-
-def _run(module, block, shape, dtype, distribution="normal", seed=0):
-    inputs = block.make_inputs(shape, dtype, "cpu", seed=seed, distribution=distribution)
-    out = block.make_output(shape, dtype, "cpu").fill_(float("nan"))
-    module.run(**inputs, out=out)
-    return out, block.reference(**inputs)
 
 
 def test_baseline_is_the_catalog_baseline(baseline):
@@ -188,16 +161,6 @@ OTHER_POINTS = [
     {"BLOCK_N": 16, "NUM_KV_SPLITS": 32, "num_warps": 2, "num_stages": 1},
     {"BLOCK_N": 64, "NUM_KV_SPLITS": 4, "num_warps": 4, "num_stages": 1},
 ]
-
-
-@pytest.mark.interpreter
-@pytest.mark.parametrize("point", OTHER_POINTS, ids=lambda p: f"N{p['BLOCK_N']}-S{p['NUM_KV_SPLITS']}")
-def test_baseline_other_points_fp16(block, baseline, point):
-    module = _module(baseline, point)
-    for shape in block.shapes("smoke"):
-        out, ref = _run(module, block, shape, torch.float16)
-        ok, why = within(out, ref, block.tolerance(torch.float16, "cpu"))
-        assert ok, f"{shape.name} at {point}: {why}"
 
 
 @pytest.mark.interpreter

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-import math
 from pathlib import Path
 
 import pytest
@@ -13,8 +12,9 @@ import torch
 
 from kernelforge import interpreter
 from kernelforge.block import Shape, Tolerance
-from kernelforge.candidate import Candidate, load_module
 from kernelforge.template import Template
+from kernelforge.verify import compare
+from kernel_helpers import module_at, run_once
 
 REPO = Path(__file__).resolve().parents[1]
 BLOCK_ID = "moe/gpt_oss_experts"
@@ -50,15 +50,10 @@ def _template(path: Path) -> Template:
 
 
 BASELINE = _template(BLOCK_DIR / "baseline.py.j2")
-_MODULES: dict[str, object] = {}
 
 
 def _kernel(template: Template, **changes):
-    point = {**template.baseline, **changes}
-    candidate = Candidate.from_template(template, point)
-    if candidate.id not in _MODULES:
-        _MODULES[candidate.id] = load_module(candidate.source)
-    return _MODULES[candidate.id]
+    return module_at(template, {**template.baseline, **changes})
 
 
 def _bf16_fixed() -> bool:
@@ -68,19 +63,12 @@ def _bf16_fixed() -> bool:
 
 def _errors(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> tuple[float, float]:
     """(relative norm error, worst elementwise error / its allowance); inf when not finite."""
-    out = out.float()
-    if not torch.isfinite(out).all():
-        return math.inf, math.inf
-    rel = ((out - ref).norm() / ref.norm()).item()
-    allowance = tol.atol * ref.pow(2).mean().sqrt() + tol.rtol * ref.abs()
-    return rel, ((out - ref).abs() / allowance).max().item()
+    rel, excess, _ = compare(out, ref, tol)
+    return rel, excess
 
 
 def _run(module, shape: Shape, dtype: torch.dtype, seed: int = 1, distribution: str = "normal"):
-    inputs = BLOCK.make_inputs(shape, dtype, "cpu", seed, distribution)
-    out = BLOCK.make_output(shape, dtype, "cpu").fill_(float("nan"))
-    module.run(**inputs, out=out)
-    return out, BLOCK.reference(**inputs)
+    return run_once(module, BLOCK, shape, dtype, distribution, seed)
 
 
 def _naive_fp64(x, topk_ids, topk_weights, w1, b1, w2, b2):

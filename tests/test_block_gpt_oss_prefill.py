@@ -13,9 +13,9 @@ import torch
 
 from kernelforge import interpreter
 from kernelforge.block import DISTRIBUTIONS, Shape, Tolerance
-from kernelforge.candidate import Candidate, load_module
 from kernelforge.template import Template
 from kernelforge.verify import within
+from kernel_helpers import module_at as _module, run_once as _run
 
 BLOCK_ID = "attention/gpt_oss_prefill"
 REPO = Path(__file__).resolve().parents[1]
@@ -124,18 +124,6 @@ def test_reference_memory_is_bounded_on_presets(block):
             assert expected_r0 == s_q, shape.name
 
 
-def test_reference_does_not_modify_inputs(block):
-    shape = block.shapes("smoke/offset_window32")[0]
-    for dtype in (torch.float16, torch.float32):
-        inputs = block.make_inputs(shape, dtype, "cpu", seed=1, distribution="outliers")
-        before = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
-        block.reference(**inputs)
-        for name, value in before.items():
-            if isinstance(value, torch.Tensor):
-                assert torch.equal(inputs[name], value), name
-            else:
-                assert inputs[name] == value, name
-
 
 def test_inputs_are_seeded_and_meaningful(block):
     shape = block.shapes("smoke/offset_window32")[0]
@@ -237,23 +225,6 @@ def test_shape_sets(block):
 # -- the baseline template in the interpreter -----------------------------------------------------
 
 
-_MODULES: dict = {}
-
-
-def _module(template: Template, point: dict):
-    """The rendered module at ``point``, loaded once per test session."""
-    candidate = Candidate.from_template(template, point)
-    if candidate.id not in _MODULES:
-        _MODULES[candidate.id] = load_module(candidate.source, name_hint=template.id)
-    return _MODULES[candidate.id]
-
-
-def _run(module, block, shape, dtype, distribution="normal", seed=0):
-    inputs = block.make_inputs(shape, dtype, "cpu", seed=seed, distribution=distribution)
-    ref = block.reference(**inputs)
-    out = block.make_output(shape, dtype, "cpu").fill_(float("nan"))
-    module.run(**inputs, out=out)
-    return out, ref
 
 
 def test_baseline_template_header(baseline, catalog):
@@ -278,22 +249,6 @@ def test_baseline_point_fp16(block, baseline, distribution):
         out, ref = _run(module, block, shape, torch.float16, distribution)
         ok, why = within(out, ref, block.tolerance(torch.float16, "cpu"))
         assert ok, f"{shape.name} {distribution}: {why}"
-
-
-OTHER_POINTS = [
-    {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2},
-    {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 4, "num_stages": 4},
-]
-
-
-@pytest.mark.interpreter
-@pytest.mark.parametrize("point", OTHER_POINTS, ids=lambda p: f"M{p['BLOCK_M']}-N{p['BLOCK_N']}")
-def test_baseline_other_points_fp16(block, baseline, point):
-    module = _module(baseline, point)
-    for shape in block.shapes("smoke"):
-        out, ref = _run(module, block, shape, torch.float16)
-        ok, why = within(out, ref, block.tolerance(torch.float16, "cpu"))
-        assert ok, f"{shape.name} at {point}: {why}"
 
 
 @pytest.mark.interpreter

@@ -45,25 +45,31 @@ def test_block_contract(block_id):
     names = [s.name for shapes in sets.values() for s in shapes]
     assert len(names) == len(set(names)), "shape names must be unique within a block"
     assert isinstance(block.compile_shape(), Shape)
-    shape = sets["smoke"][0]
     for dtype_name in block.dtypes:
-        dtype = DTYPES[dtype_name]
-        counts = block.counts(shape, dtype)
-        assert counts.flops > 0 and counts.bytes > 0
-        for distribution in DISTRIBUTIONS:
-            a = block.make_inputs(shape, dtype, "cpu", seed=3, distribution=distribution)
-            b = block.make_inputs(shape, dtype, "cpu", seed=3, distribution=distribution)
-            c = block.make_inputs(shape, dtype, "cpu", seed=4, distribution=distribution)
-            for name, tensor in _tensors(a).items():
-                assert torch.equal(tensor, _tensors(b)[name]), f"{name}: same seed must give the same values"
-            assert any(not torch.equal(t, _tensors(c)[n]) for n, t in _tensors(a).items()), "seed is ignored"
-            before = {k: v.clone() for k, v in _tensors(a).items()}
-            ref = block.reference(**a)
-            assert ref.dtype == torch.float32
-            assert tuple(ref.shape) == tuple(block.make_output(shape, dtype, "cpu").shape)
-            assert torch.isfinite(ref).all()
-            for name, tensor in _tensors(a).items():
-                assert torch.equal(tensor, before[name]), f"reference modified its input {name}"
+        for shape in sets["smoke"]:
+            _check_inputs_and_reference(block, shape, DTYPES[dtype_name])
+
+
+def _check_inputs_and_reference(block, shape, dtype):
+    """Seeded inputs in every distribution, and a finite fp32 reference that leaves them alone."""
+    counts = block.counts(shape, dtype)
+    assert counts.flops > 0 and counts.bytes > 0
+    for distribution in DISTRIBUTIONS:
+        a = block.make_inputs(shape, dtype, "cpu", seed=3, distribution=distribution)
+        b = block.make_inputs(shape, dtype, "cpu", seed=3, distribution=distribution)
+        c = block.make_inputs(shape, dtype, "cpu", seed=4, distribution=distribution)
+        for name, tensor in _tensors(a).items():
+            assert torch.equal(tensor, _tensors(b)[name]), f"{name}: same seed must give the same values"
+        assert any(not torch.equal(t, _tensors(c)[n]) for n, t in _tensors(a).items()), "seed is ignored"
+        before = {k: v.clone() for k, v in a.items() if isinstance(v, torch.Tensor)}
+        scalars = {k: v for k, v in a.items() if not isinstance(v, torch.Tensor)}
+        ref = block.reference(**a)
+        assert ref.dtype == torch.float32
+        assert tuple(ref.shape) == tuple(block.make_output(shape, dtype, "cpu").shape)
+        assert torch.isfinite(ref).all()
+        for name, tensor in _tensors(a).items():
+            assert torch.equal(tensor, before[name]), f"{shape.name}: reference modified its input {name}"
+        assert scalars == {k: v for k, v in a.items() if not isinstance(v, torch.Tensor)}
 
 
 @pytest.mark.interpreter
@@ -82,6 +88,27 @@ def test_template_verifies_at_its_baseline_point(template_id, dtype_name):
                      deterministic=template.deterministic, stop_at_first_failure=False)
     failed = [f"{s.name}: {v.status.value} {v.message}" for s, v in results if v.status is not Status.OK]
     assert not failed, failed
+
+
+def _corner_points():
+    """The first and last valid points of each template's space (smallest and largest tiles)."""
+    for template in CATALOG.all_templates():
+        points = list(template.space.points())
+        for label, point in (("first", points[0]), ("last", points[-1])):
+            yield pytest.param(template.id, point, id=f"{template.id}-{label}")
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("template_id, point", list(_corner_points()))
+def test_template_verifies_at_the_corners_of_its_space(template_id, point):
+    template = CATALOG.template(template_id)
+    block = CATALOG.block(template.block_id)
+    module, failure = load_candidate(Candidate.from_template(template, point).source, template_id)
+    assert failure is None, failure.message
+    results = verify(block, module.run, block.shapes("smoke"), torch.float16, "cpu",
+                     deterministic=template.deterministic, stop_at_first_failure=False)
+    failed = [f"{s.name}: {v.status.value} {v.message}" for s, v in results if v.status is not Status.OK]
+    assert not failed, (point, failed)
 
 
 @pytest.mark.aot

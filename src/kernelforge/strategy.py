@@ -58,6 +58,7 @@ class Strategy(ABC):
         self.known: dict[Key, float | None] = {}
         #: keys asked and not yet told.
         self.pending: set[Key] = set()
+        self._baseline_asked = self.baseline is None
 
     def key(self, point: Mapping[str, Any]) -> Key:
         """The identity of a point: its values in parameter order."""
@@ -86,6 +87,16 @@ class Strategy(ABC):
         """
 
     # Helpers shared by the implementations -------------------------------------------------
+
+    def _ask_baseline_once(self) -> dict | None:
+        """The baseline point on the first call (unless it is already known), else None."""
+        if not self._baseline_asked:
+            self._baseline_asked = True
+            key = self.key(self.baseline)
+            if key not in self.known:
+                self.pending.add(key)
+                return dict(self.baseline)
+        return None
 
     def _record(self, point: Mapping, value: float | None) -> tuple[Key, float | None, bool] | None:
         """Common bookkeeping of :meth:`tell`; None when the point was already told (ignored)."""
@@ -119,15 +130,11 @@ class GridStrategy(Strategy):
     def __init__(self, space: Space, *, seed: int = 0, baseline: Mapping | None = None):
         super().__init__(space, seed=seed, baseline=baseline)
         self._order: Iterator[dict[str, Any]] = space.points()
-        self._baseline_done = self.baseline is None
 
     def ask(self) -> dict | None:
-        if not self._baseline_done:
-            self._baseline_done = True
-            key = self.key(self.baseline)
-            if key not in self.known:
-                self.pending.add(key)
-                return dict(self.baseline)
+        first = self._ask_baseline_once()
+        if first is not None:
+            return first
         for point in self._order:
             key = self.key(point)
             if key not in self.known and key not in self.pending:
@@ -153,7 +160,6 @@ class RandomStrategy(Strategy):
     def __init__(self, space: Space, *, seed: int = 0, baseline: Mapping | None = None):
         super().__init__(space, seed=seed, baseline=baseline)
         self._rng = random.Random(seed)
-        self._baseline_done = self.baseline is None
         self._queue: list[Key] | None = None
         if space.size <= self.enumerate_limit:
             self._fill_queue()
@@ -165,12 +171,9 @@ class RandomStrategy(Strategy):
         self._queue = keys[::-1]  # pop() from the end keeps the shuffled order
 
     def ask(self) -> dict | None:
-        if not self._baseline_done:
-            self._baseline_done = True
-            key = self.key(self.baseline)
-            if key not in self.known:
-                self.pending.add(key)
-                return dict(self.baseline)
+        first = self._ask_baseline_once()
+        if first is not None:
+            return first
         if self._queue is None:
             for _ in range(10_000):
                 key = tuple(self._rng.choice(values) for _, values in self.space.params)
