@@ -1,0 +1,136 @@
+"""The HTML report: one self-contained page per job (``reports/<job>/index.html``) and a compare page
+for two jobs, rendered from the data of :func:`kernelforge.report.collect` (nothing else is read).
+
+Self-contained means it opens from a file with no network: CSS inline, charts inline SVG (see
+:mod:`kernelforge.svg`), no JavaScript. The Jinja templates live in ``report_templates/``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+from markupsafe import Markup
+
+from . import svg
+from .report import (confirmed_text, env_title, fmt_delta, fmt_rate, fmt_speedup, fmt_time, params_text,
+                     roofline_cells)
+
+
+def _env() -> Environment:
+    env = Environment(loader=PackageLoader("kernelforge", "report_templates"),
+                      autoescape=select_autoescape(["html", "j2"], default=True),
+                      undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters.update(time=fmt_time, delta=fmt_delta, rate=fmt_rate, speedup=fmt_speedup, params=params_text,
+                       joules=lambda v: "-" if v is None else f"{v:.4g} J")
+    env.globals.update(roofline_cells=roofline_cells, origin_colour=svg.origin_colour, env_title=env_title,
+                       confirmed_text=confirmed_text)
+    return env
+
+
+def anchor(text: str) -> str:
+    """An HTML id from a block id ("attention/gpt_oss_prefill" -> "attention-gpt_oss_prefill")."""
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", text).strip("-")
+
+
+def _diff_lines(diff: str) -> list[tuple[str, str]]:
+    """(css class, text) per line of a unified diff."""
+    out = []
+    for line in diff.splitlines():
+        if line.startswith(("+++", "---")):
+            kind = "file"
+        elif line.startswith("@@"):
+            kind = "hunk"
+        elif line.startswith("+"):
+            kind = "add"
+        elif line.startswith("-"):
+            kind = "del"
+        else:
+            kind = "ctx"
+        out.append((kind, line))
+    return out
+
+
+def _charts(block: dict[str, Any]) -> dict[str, Markup]:
+    """The SVG charts of one block."""
+    rows = []
+    for r in block["shapes"]:
+        # Green: confirmed faster (p20 of the pairs above 1); red: slower on this shape (p80 below 1,
+        # possible when one configuration serves all shapes); blue: within noise; grey: the baseline.
+        if r["winner_is_baseline"]:
+            colour = "#9ca3af"
+        elif r["significant"]:
+            colour = "#16a34a"
+        elif r["speedup_p80"] is not None and r["speedup_p80"] < 1.0:
+            colour = "#dc2626"
+        else:
+            colour = "#2563eb"
+        rows.append((r["shape"], r["speedup"], r["speedup_p20"], r["speedup_p80"], colour))
+    charts = {"speedup": Markup(svg.speedup_bars(rows, f"{block['block']}: speedup over the human baseline "
+                                                       "(median; bars p20-p80)"))}
+    progress = block.get("progress") or {}
+    if progress.get("points"):
+        title = (f"{block['block']}: best speedup against evaluations"
+                 + (" (geomean of each shape's best)" if progress["mode"] == "per-shape" else ""))
+        charts["progress"] = Markup(svg.progress_chart(progress["points"], progress["best"], title))
+    roof = block.get("roofline") or {}
+    points = []
+    for number, r in enumerate(block["shapes"], start=1):
+        for kind in ("baseline", "winner"):
+            p = (r.get("roofline") or {}).get(kind)
+            if not p or (kind == "winner" and r["winner_is_baseline"]):
+                continue
+            points.append({"intensity": p["intensity"], "flops_rate": p["achieved_flops"], "kind": kind,
+                           "suspect": p.get("suspect"), "number": number,
+                           "label": f"{number}. {r['shape']} {kind}: {fmt_rate(p['achieved_flops'], 'FLOP/s')}, "
+                                    f"{fmt_rate(p['achieved_bandwidth'], 'B/s')}"})
+    ceilings = roof.get("ceilings")
+    lines = []
+    if ceilings:
+        lines.append((f"{ceilings['name']} datasheet", ceilings["bandwidth"], ceilings["flops"], "6,4"))
+        if ceilings.get("measured_bandwidth") or ceilings.get("measured_flops"):
+            lines.append((f"{ceilings['name']} measured", ceilings.get("measured_bandwidth") or ceilings["bandwidth"],
+                          ceilings.get("measured_flops") or ceilings["flops"], ""))
+    if points:
+        if ceilings:
+            title = f"{block['block']}: roofline on {roof['device']}"
+            note = ""
+        elif roof.get("device") is None:
+            title = f"{block['block']}: achieved rates in the interpreter (CPU wall time, no ceiling: not GPU speed)"
+            note = " (interpreter: not GPU speed)"
+        else:
+            title = f"{block['block']}: achieved rates on {roof['device']} (no known ceilings)"
+            note = ""
+        chart = svg.roofline_chart(points, lines, title, unit_note=note)
+        if chart:
+            charts["roofline"] = Markup(chart)
+    return charts
+
+
+def render_html(data: dict[str, Any]) -> str:
+    """The job's index.html from the collected report data."""
+    blocks = []
+    for block in data["blocks"]:
+        blocks.append({
+            **block, "anchor": anchor(block["block"]), "charts": _charts(block),
+            "winner_views": [{**w, "diff_lines": _diff_lines(w["diff"])} for w in block.get("winners", [])],
+            "origin_names": sorted(block.get("origin_status", {})),
+            "status_names": sorted({s for v in block.get("origin_status", {}).values() for s in v}),
+        })
+    template = _env().get_template("report.html.j2")
+    return template.render(data=data, blocks=blocks, origins=svg.ORIGIN_COLOURS)
+
+
+def render_compare(cmp: dict[str, Any]) -> str:
+    """The compare page of two jobs from :func:`kernelforge.report.compare`."""
+    blocks = []
+    for blk in cmp["blocks"]:
+        labels = [r["shape"] for r in blk["rows"]]
+        chart = svg.grouped_bars(labels, [
+            (f"A: {cmp['a']['job']}", "#2563eb", [(r["a"] or {}).get("speedup") for r in blk["rows"]]),
+            (f"B: {cmp['b']['job']}", "#ea580c", [(r["b"] or {}).get("speedup") for r in blk["rows"]]),
+        ], f"{blk['block']}: speedup over each job's own baseline")
+        blocks.append({**blk, "anchor": anchor(blk["block"]), "chart": Markup(chart)})
+    template = _env().get_template("compare.html.j2")
+    return template.render(cmp=cmp, blocks=blocks)
