@@ -21,16 +21,23 @@
     shapes = "smoke"              # a shape set or a shape name of the block
     templates = ["baseline"]      # names within the block; default: all of them
 
+    [llm]                         # optional: the LLM candidate generator (see LLMSpec)
+    base_url = "http://127.0.0.1:8000/v1"   # any OpenAI-compatible chat-completions endpoint
+    model = "my-model"
+    api_key_env = "OPENAI_API_KEY"          # the NAME of the variable holding the key, never the key
+
 Every mistake names the file, the field and the fix.
 """
 
 from __future__ import annotations
 
 import difflib
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from .block import DTYPES
 from .errors import UserError
@@ -46,6 +53,9 @@ STRATEGIES = ("tpe", "random", "grid", "gp", "cmaes", "nsga2", "optuna-random")
 _JOB_KEYS = {"name", "description", "device", "target", "dtype", "seed", "storage", "tune"}
 _STRATEGY_KEYS = {"name", "evaluations", "max_minutes"}
 _BLOCK_KEYS = {"id", "shapes", "templates"}
+_LLM_KEYS = {"base_url", "model", "api_key_env", "max_calls", "max_tokens", "max_minutes", "concurrency",
+             "timeout_s", "max_retries", "repair_turns", "temperature", "response_tokens", "tune_share",
+             "tune_evaluations"}
 
 
 @dataclass(frozen=True)
@@ -65,6 +75,40 @@ class StrategySpec:
 
 
 @dataclass(frozen=True)
+class LLMSpec:
+    """The ``[llm]`` table: an OpenAI-compatible chat-completions endpoint that writes new templates.
+
+    The API key is read from the environment variable named ``api_key_env`` when the search starts
+    and is never stored, logged or reported; empty means no key (a local server). Budgets bound
+    the generator (``max_calls`` requests, ``max_tokens`` prompt + completion tokens, ``max_minutes``
+    of wall time); ``concurrency`` requests are in flight at most, each with ``timeout_s`` and up
+    to ``max_retries`` retries. A template that fails gets up to ``repair_turns`` follow-up turns
+    with its error. ``tune_share`` of each block's evaluations is reserved for what the LLM writes
+    (its templates, each tuned by the job's strategy for up to ``tune_evaluations`` more points,
+    and the points it proposes); whatever the LLM leaves unused goes back to the human templates.
+
+    ``replay`` is set by ``kernelforge search --llm replay[:PATH]``: the storage URL whose stored
+    transcripts answer instead of the endpoint.
+    """
+
+    base_url: str = ""
+    model: str = ""
+    api_key_env: str = ""
+    max_calls: int = 20
+    max_tokens: int = 400_000
+    max_minutes: float | None = 30.0
+    concurrency: int = 2
+    timeout_s: float = 180.0
+    max_retries: int = 3
+    repair_turns: int = 2
+    temperature: float = 0.7
+    response_tokens: int | None = None
+    tune_share: float = 0.5
+    tune_evaluations: int = 4
+    replay: str | None = None
+
+
+@dataclass(frozen=True)
 class Job:
     """A parsed, validated job file."""
 
@@ -79,6 +123,7 @@ class Job:
     storage: str = ""
     tune: str = "all-shapes"
     description: str = ""
+    llm: LLMSpec | None = None
 
     @property
     def report_dir(self) -> Path:
@@ -124,7 +169,7 @@ def load_job(path: str | Path, catalog=None) -> Job:
 
 def parse_job(raw: dict[str, Any], path: Path, catalog=None) -> Job:
     """Validate an already-parsed TOML document (see :func:`load_job`)."""
-    _unknown(str(path), raw, {"job", "strategy", "blocks"})
+    _unknown(str(path), raw, {"job", "strategy", "blocks", "llm"})
     job = _typed(f"{path} [job]", raw.get("job", {}), dict, "a table")
     strategy = _typed(f"{path} [strategy]", raw.get("strategy", {}), dict, "a table")
     _unknown(f"{path} [job]", job, _JOB_KEYS)
@@ -186,12 +231,101 @@ def parse_job(raw: dict[str, Any], path: Path, catalog=None) -> Job:
     if len(ids) != len(set(ids)):
         raise UserError(f"{path} [[blocks]]: a block is listed twice; list each block once")
 
+    llm = None
+    if "llm" in raw:
+        # base_url and model may come from the command line (--llm URL --llm-model NAME): checked
+        # when the search starts (require_llm_endpoint).
+        llm = parse_llm(_typed(f"{path} [llm]", raw["llm"], dict, "a table"), f"{path} [llm]",
+                        require_endpoint=False)
+
     return Job(
         name=name, path=path, blocks=tuple(blocks),
         strategy=StrategySpec(strategy_name, evaluations, float(max_minutes) if max_minutes is not None else None),
         device=device, target=target, dtype=dtype, seed=seed, storage=storage, tune=tune,
-        description=str(job.get("description", "")),
+        description=str(job.get("description", "")), llm=llm,
     )
+
+
+def parse_llm(table: dict[str, Any], where: str, *, require_endpoint: bool = True) -> LLMSpec:
+    """Validate an ``[llm]`` table (``where`` names it in messages). Without ``require_endpoint``
+    base_url and model may be missing (the command line supplies them)."""
+    _unknown(where, table, _LLM_KEYS)
+    defaults = LLMSpec()
+    base_url = _typed(f"{where} base_url", table.get("base_url", ""), str, 'a URL such as "http://127.0.0.1:8000/v1"')
+    model = _typed(f"{where} model", table.get("model", ""), str, 'a model name such as "gpt-4.1"')
+    if require_endpoint and not base_url:
+        raise UserError(f'{where}: missing base_url, e.g. base_url = "https://api.openai.com/v1"')
+    if base_url:
+        check_base_url(base_url, f"{where} base_url")
+    if require_endpoint and not model:
+        raise UserError(f'{where}: missing model, e.g. model = "gpt-4.1"')
+    key_env = _typed(f"{where} api_key_env", table.get("api_key_env", ""), str,
+                     'the name of an environment variable, e.g. "OPENAI_API_KEY"')
+    if key_env and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key_env):
+        # Never echo the value: it may be the key itself, pasted in by mistake.
+        raise UserError(f"{where} api_key_env: must be the NAME of an environment variable (letters, digits, _), "
+                        "not the key itself; put the key in that variable")
+
+    def integer(name: str, low: int) -> int:
+        value = _typed(f"{where} {name}", table.get(name, getattr(defaults, name)), int, "an integer")
+        if value < low:
+            raise UserError(f"{where} {name}: must be at least {low}, got {value}")
+        return value
+
+    def number(name: str, low: float, high: float | None = None, *, allow_zero: bool = False) -> float:
+        value = _typed(f"{where} {name}", table.get(name, getattr(defaults, name)), (int, float), "a number")
+        if value < low or (value == low and not allow_zero) or (high is not None and value > high):
+            bound = f"between {low} and {high}" if high is not None else f"above {low}"
+            raise UserError(f"{where} {name}: must be {bound}, got {value}")
+        return float(value)
+
+    max_minutes = table.get("max_minutes", defaults.max_minutes)
+    if "max_minutes" in table:
+        max_minutes = number("max_minutes", 0.0)
+    response_tokens = table.get("response_tokens")
+    if response_tokens is not None:
+        response_tokens = integer("response_tokens", 1)
+    return LLMSpec(
+        base_url=base_url, model=model, api_key_env=key_env,
+        max_calls=integer("max_calls", 1), max_tokens=integer("max_tokens", 1), max_minutes=max_minutes,
+        concurrency=integer("concurrency", 1), timeout_s=number("timeout_s", 0.0),
+        max_retries=integer("max_retries", 0), repair_turns=integer("repair_turns", 0),
+        temperature=number("temperature", 0.0, 2.0, allow_zero=True), response_tokens=response_tokens,
+        tune_share=number("tune_share", 0.0, 1.0), tune_evaluations=integer("tune_evaluations", 0),
+    )
+
+
+def require_llm_endpoint(job: Job) -> None:
+    """A job's live LLM generator needs an endpoint and a model: say which is missing, and where."""
+    spec = job.llm
+    if spec is None or spec.replay is not None:
+        return
+    if not spec.base_url:
+        raise UserError(f'{job.path} [llm]: missing base_url, e.g. base_url = "https://api.openai.com/v1" '
+                        "(or pass --llm URL)")
+    if not spec.model:
+        raise UserError(f'{job.path} [llm]: missing model, e.g. model = "gpt-4.1" (or pass --llm-model NAME)')
+
+
+def check_base_url(url: str, where: str) -> None:
+    """An endpoint URL must be http(s)://host[...]; the message never repeats credentials in it."""
+    parsed = urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise UserError(f"{where}: {redact_url(url)!r} is not an http(s) URL; give the endpoint's base URL, "
+                        "e.g. http://127.0.0.1:8000/v1")
+
+
+def redact_url(url: str) -> str:
+    """``url`` without user:password (a URL may carry credentials; they are never stored or printed)."""
+    try:
+        parsed = urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    if parsed.username is None and parsed.password is None:
+        return url
+    host = parsed.hostname or ""
+    netloc = f"***@{host}" + (f":{parsed.port}" if parsed.port else "")
+    return parsed._replace(netloc=netloc).geturl()
 
 
 def _check_block(where: str, catalog, block_id: str, shapes: str, templates: list[str]) -> None:

@@ -432,6 +432,18 @@ class OptunaStrategy(Strategy):
             self.free_tells += 1
             wasted += 1
 
+    def enqueue(self, point: Mapping[str, Any]) -> bool:
+        """Have :meth:`ask` return ``point`` before the sampler's own proposals (e.g. a point an LLM
+        suggested), through an enqueued Optuna trial so the sampler learns its value like any other.
+        False, and nothing enqueued, when it is not a valid point or is already known or pending."""
+        if any(name not in point for name in self.space.names):
+            return False
+        point = {name: point[name] for name in self.space.names}
+        if not self.space.contains(point) or self.key(point) in self.known or self.key(point) in self.pending:
+            return False
+        self.study.enqueue_trial(self._encode(point), skip_if_exists=True)
+        return True
+
     def _unasked(self) -> Key | None:
         """A valid point neither known nor pending, drawn at random; None when there is none."""
         for _ in range(1000):
