@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # All GPU checks in one command, under 8 minutes on one H200:
-#   1. the GPU-marked tests (baselines verify on the GPU, timer vs wall time, AOT == JIT registers),
+#   1. the GPU-marked tests (baselines verify on the GPU, timer vs wall time, AOT == JIT registers;
+#      adversarial: side streams, roofline flags, CUDA errors retiring the worker),
 #   2. `kernelforge check` of every block on its held-out check shapes and on real presets,
 #   3. ahead-of-time resources for the local GPU, and a summary table printed last.
 # Runs from a plain checkout (no install): the GPU image has torch, triton, jinja2, click and rich;
@@ -21,7 +22,7 @@ status=0
 } 2>&1 | tee "$DEST/device.txt"
 
 if $PY -c "import pytest" 2>/dev/null; then
-    timeout 150 $PY -m pytest tests/test_gpu.py -q -p no:cacheprovider 2>&1 | tee "$DEST/gpu_tests.log" || status=1
+    timeout 270 $PY -m pytest tests/test_gpu.py tests/test_gpu_adversarial.py -q -p no:cacheprovider 2>&1 | tee "$DEST/gpu_tests.log" || status=1
 else
     echo "pytest is not installed and no .whl/ was carried: GPU tests skipped" | tee "$DEST/gpu_tests.log"
 fi

@@ -4,7 +4,9 @@
   region, inputs rotated through several freshly allocated sets (plus an L2 flush when the sets
   together would fit in L2), fixed call counts, median with p20/p80, CUDA-graph replays for kernels
   under about 20 us, a full device synchronisation before reading the events, wall time recorded
-  beside event time, and joules per call from NVML's energy counter when it is readable.
+  beside event time, and joules per call from NVML's energy counter when it is readable. The event
+  times are cross-checked against the host: a call whose GPU work outlives its end event (work on
+  a side stream the events do not see) is flagged in ``Timing.extra["event_wall_mismatch"]``.
 - ``interpret``: Triton's interpreter on CPU tensors, with kernelforge's bf16 fix. Correctness is
   real; timings are wall-clock interpreter timings and say nothing about GPU speed, and every
   timing carries a label saying so.
@@ -27,6 +29,9 @@ from .errors import UserError
 from .result import Timing
 
 Call = Callable[[], None]
+#: Run before call ``i`` outside the timed region (the harness changes an input value there so a
+#: cache keyed on input values never hits: EVALUATION.md #4).
+Before = Callable[[int], None]
 
 INTERPRETER_LABEL = "interpreter wall time (CPU), not GPU speed"
 
@@ -35,6 +40,12 @@ INTERPRETER_LABEL = "interpreter wall time (CPU), not GPU speed"
 GRAPH_THRESHOLD_S = 20e-6
 #: Target length of one timing round; bounds the device time spent on very long kernels.
 ROUND_SECONDS = 1.0
+#: Side-stream check: the host waits for a call's GPU work after enqueuing it (``drain``). Work
+#: the events see ends at the end event, so an honest drain is at most the event time plus launch
+#: and synchronisation latency; a drain above ``DRAIN_FACTOR`` x event time + ``DRAIN_SLACK_S``
+#: means GPU work the events did not time (EVALUATION.md #13).
+DRAIN_FACTOR = 1.5
+DRAIN_SLACK_S = 100e-6
 
 
 def quantiles(samples: Sequence[float]) -> tuple[float, float, float]:
@@ -60,12 +71,20 @@ class Device(ABC):
         """Wait for all work queued on the device."""
 
     @abstractmethod
-    def time(self, calls: Sequence[Call], *, working_set_bytes: int = 0) -> Timing:
+    def time(self, calls: Sequence[Call], *, working_set_bytes: int = 0, before: Before | None = None) -> Timing:
         """Time the candidate: ``calls[i]`` runs it on the i-th pre-generated input set.
 
         ``working_set_bytes`` is the memory one call touches; it decides whether rotating the
-        sets is enough to keep inputs out of the cache.
+        sets is enough to keep inputs out of the cache. ``before(i)``, when given, runs before
+        the i-th call of every phase (warm-up and timed alike, so the phases look the same to the
+        candidate), outside the timed region.
         """
+
+    def ceilings(self):
+        """The hardware ceilings (:class:`kernelforge.hardware.Ceilings`) of this device for
+        roofline checks, or None when its timings measure no GPU (the interpreter) or the GPU
+        is unknown."""
+        return None
 
     @abstractmethod
     def describe(self) -> dict[str, Any]:
@@ -98,11 +117,15 @@ class InterpretDevice(Device):
 
         interpreter.enable()
 
-    def time(self, calls: Sequence[Call], *, working_set_bytes: int = 0) -> Timing:
+    def time(self, calls: Sequence[Call], *, working_set_bytes: int = 0, before: Before | None = None) -> Timing:
         for i in range(self.warmup):
+            if before is not None:
+                before(i)
             calls[i % len(calls)]()
         samples = []
         for i in range(self.repeats):
+            if before is not None:
+                before(self.warmup + i)
             start = time.perf_counter()
             calls[i % len(calls)]()
             samples.append(time.perf_counter() - start)
@@ -190,16 +213,25 @@ class CudaDevice(Device):
             self._flush = torch.empty(2 * self._l2_bytes() // 4, dtype=torch.int32, device=self.torch_device)
         self._flush.zero_()
 
-    def time(self, calls: Sequence[Call], *, working_set_bytes: int = 0) -> Timing:
+    def ceilings(self):
+        from .hardware import ceilings_for
+
+        return ceilings_for(torch.cuda.get_device_name(self.index))
+
+    def time(self, calls: Sequence[Call], *, working_set_bytes: int = 0, before: Before | None = None) -> Timing:
+        self._before = before
+        self._count = 0
         for i in range(self.warmup):
+            self._prepare_call()
             calls[i % len(calls)]()
         self.synchronize()
         # Rotating the input sets keeps the cache cold only if they do not fit in L2 together.
         flush = working_set_bytes * len(calls) < 2 * self._l2_bytes()
         probe = self._event_samples(calls, 5, flush)
+        drain = self._drain_check(calls, statistics.median(probe))
         if statistics.median(probe) < GRAPH_THRESHOLD_S:
             try:
-                return self._time_graph(calls)
+                return self._with_drain(self._time_graph(calls), drain)
             except RuntimeError:
                 pass  # capture failed (e.g. host synchronisation in the call): events below
         # Counts are fixed before timing starts (never a time budget the candidate could sense);
@@ -214,18 +246,46 @@ class CudaDevice(Device):
             samples.extend(round_samples)
         median, p20, p80 = quantiles(samples)
         event_total = sum(samples)
-        return Timing(
+        return self._with_drain(Timing(
             median, p20, p80, len(samples), "cuda-events",
             f"CUDA events on {torch.cuda.get_device_name(self.index)}",
             joules_per_call=self._energy_per_call(calls, median),
             wall_over_event=(sum(walls) / event_total) if event_total > 0 else None,
             extra={"l2_flush": flush, "input_sets": len(calls)},
-        )
+        ), drain)
+
+    def _prepare_call(self) -> None:
+        before = getattr(self, "_before", None)
+        if before is not None:
+            before(self._count)
+        self._count = getattr(self, "_count", 0) + 1
+
+    def _drain_check(self, calls: Sequence[Call], event_median: float, count: int = 5) -> dict[str, Any]:
+        """How long the host waits for a call's GPU work after enqueuing it, against the event
+        time of the same calls: a side stream's work is invisible to the events but not to a
+        full-device synchronisation (EVALUATION.md #13)."""
+        drains = []
+        for i in range(count):
+            self._prepare_call()
+            self.synchronize()
+            calls[i % len(calls)]()
+            enqueued = time.perf_counter()
+            self.synchronize()
+            drains.append(time.perf_counter() - enqueued)
+        drain = statistics.median(drains)
+        limit = DRAIN_FACTOR * event_median + DRAIN_SLACK_S
+        return {"drain_s": drain, "event_wall_mismatch": drain > limit, "drain_limit_s": limit}
+
+    @staticmethod
+    def _with_drain(timing: Timing, drain: dict[str, Any]) -> Timing:
+        timing.extra.update(drain)
+        return timing
 
     def _event_samples(self, calls: Sequence[Call], count: int, flush: bool) -> list[float]:
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
         for i in range(count):
+            self._prepare_call()
             if flush:
                 self._flush_l2()
             starts[i].record()
@@ -242,6 +302,12 @@ class CudaDevice(Device):
             for call in calls:
                 call()
         torch.cuda.current_stream().wait_stream(stream)
+        # Values change right before capture (never inside it: the change would be captured and
+        # timed), so a cache keyed on input values misses while the kernels are recorded; host
+        # code does not run at replay at all. (A set used twice within one graph could still hit
+        # such a cache: only kernels under GRAPH_THRESHOLD_S are timed this way.)
+        for _ in range(len(calls)):
+            self._prepare_call()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             for i in range(per_graph):

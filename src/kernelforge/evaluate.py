@@ -1,22 +1,25 @@
 """Evaluate one candidate on a list of shapes: load, verify, then time what verified.
 
 This is the device-side stage of the flow (compile -> verify -> time); the search calls it per
-candidate and stores what it returns. Timing is skipped for a shape that fails verification.
+candidate (through an executor: in a worker process, :mod:`kernelforge.worker`, or in this one) and
+stores what it returns. Timing is skipped for a shape that fails verification, and what was timed
+is verified once more afterwards (the timing phase must not be a place to cheat).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import torch
 
 from .block import Block, Counts, Shape
-from .candidate import load_module
+from .candidate import load_module, source_id
 from .device import Device
+from .errors import UserError
 from .result import Status, Timing, Verification
-from .verify import verify_shape
+from .verify import harness_changes, harness_snapshot, verify_again, verify_shape
 
 #: Input sets are rotated while timing so the L2 cache never holds the inputs; beyond this many,
 #: the device flushes L2 instead (and large sets need no help: they do not fit in L2 anyway).
@@ -49,21 +52,72 @@ def load_candidate(source: str, name_hint: str = "candidate") -> tuple[Any, Veri
     return module, None
 
 
-def time_candidate(block: Block, run, shape: Shape, dtype: torch.dtype, device: Device, counts: Counts) -> Timing:
-    """Time ``run`` on ``shape`` with freshly generated, rotated input sets."""
+def touch_inputs(inputs: dict[str, Any], call: int) -> None:
+    """Change one element of each floating-point input tensor of a timing set, in place (its sign),
+    before every call of a timing phase: identical inputs never come back, so a cache keyed on the
+    input values misses every time (EVALUATION.md #4) and what is timed is the computation."""
+    for tensor in inputs.values():
+        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.numel() and tensor.is_contiguous():
+            flat = tensor.view(-1)
+            flat[(call * 7919 + 13) % flat.numel()].neg_()
+
+
+def time_candidate(block: Block, run, shape: Shape, dtype: torch.dtype, device: Device, counts: Counts, *,
+                   sets: list | None = None) -> Timing:
+    """Time ``run`` on ``shape`` with freshly generated, rotated input sets, one input value
+    changed before every call (:func:`touch_inputs`). The sets (inputs, out) are appended to
+    ``sets`` when a list is given (for :func:`~kernelforge.verify.verify_again`)."""
     working_set = int(counts.bytes)
     l2_guess = 64 * 2**20
     n_sets = max(1, min(MAX_INPUT_SETS, math.ceil(2 * l2_guess / max(working_set, 1))))
     n_sets = max(1, min(n_sets, INPUT_SET_MEMORY_BUDGET // max(working_set, 1)))
     if device.name == "interpret":
         n_sets = 1  # no cache to defeat; interpreter calls are slow
-    sets = []
+    made = []
     for i in range(n_sets):
         inputs = block.make_inputs(shape, dtype, device.torch_device, seed=1000 + i)
         out = block.make_output(shape, dtype, device.torch_device)
-        sets.append((inputs, out))
-    calls = [lambda inputs=inputs, out=out: run(**inputs, out=out) for inputs, out in sets]
-    return device.time(calls, working_set_bytes=working_set)
+        made.append((inputs, out))
+    if sets is not None:
+        sets.extend(made)
+    calls = [lambda inputs=inputs, out=out: run(**inputs, out=out) for inputs, out in made]
+
+    def before(i: int) -> None:
+        touch_inputs(made[i % len(made)][0], i)
+
+    return device.time(calls, working_set_bytes=working_set, before=before)
+
+
+#: Message prefixes a report can look for (the status stays one of the six).
+#: A timing below the device's datasheet roofline: re-verified; status ``ok`` only if that passed.
+ROOFLINE_FLAG = "[faster-than-roofline]"
+#: GPU work outlived the timed events (a side stream?): status ``rejected``.
+TIMING_FLAG = "[event-wall-mismatch]"
+#: Verification on a held-out shape (not timed) failed: the status of that failure.
+HELD_OUT_FLAG = "[held-out]"
+
+
+def held_out_shapes(block: Block, shapes: Sequence[Shape], source: str, device_name: str) -> list[Shape]:
+    """Shapes a candidate is verified on besides the timed ones, so hard-coding the timed shapes
+    does not pass (EVALUATION.md #8): the block's ``check`` shapes (odd sizes, ragged lengths,
+    skewed routing) not among ``shapes``, else its ``smoke`` shapes.
+
+    On a GPU all of them (milliseconds each). In the interpreter one poisoned call costs 0.1-0.5 s
+    on the shipped blocks' check shapes, so one shape is used per candidate, chosen by the hash of
+    its source: a generator cannot know which, and every check shape is off the timed ones.
+    """
+    timed = {s.name for s in shapes}
+    pool: list[Shape] = []
+    for set_name in ("check", "smoke"):
+        try:
+            pool = [s for s in block.shapes(set_name) if s.name not in timed]
+        except UserError:
+            pool = []
+        if pool:
+            break
+    if not pool or device_name not in ("interpret",):
+        return pool
+    return [pool[int(source_id(source), 16) % len(pool)]]
 
 
 def evaluate(
@@ -76,28 +130,134 @@ def evaluate(
     deterministic: bool = True,
     timed: bool = True,
     stop_at_first_failure: bool = False,
+    held_out: Sequence[Shape] = (),
+    recheck: bool = True,
+    policy: bool = False,
+    on_step: Callable[[str], None] | None = None,
+    on_result: Callable[[Evaluation], None] | None = None,
 ) -> list[Evaluation]:
-    """Verify ``source`` on every shape and time the shapes it passes."""
-    module, failure = load_candidate(source, block.id)
+    """Verify ``source`` on every shape and time the shapes it passes.
+
+    - ``policy``: check the source against :mod:`kernelforge.policy` first (nothing of it is
+      imported when it fails: status ``rejected`` on every shape);
+    - ``held_out``: shapes verified (one poisoned call each, not timed) before the timed ones; a
+      failure there is the candidate's status on every shape, with the message prefixed by
+      :data:`HELD_OUT_FLAG`;
+    - ``recheck``: after timing a shape, one more guarded call on the timing buffers with
+      perturbed values must pass (:func:`~kernelforge.verify.verify_again`); on a GPU, timings
+      below the datasheet roofline are re-verified again and flagged (:data:`ROOFLINE_FLAG`),
+      and GPU work that outlives the timed events is rejected (:data:`TIMING_FLAG`);
+    - functions the harness relies on are snapshotted before the import and compared after it
+      and after every shape: a candidate that replaced one is ``rejected`` (tampering).
+
+    ``on_step(label)`` is called when a step starts (``compile``, ``held-out SHAPE``, ``SHAPE``)
+    and ``on_result`` with each shape's evaluation as soon as it exists: the worker process
+    streams both to its parent, which times out steps and keeps results a later crash would lose.
+    """
+    counts = {s.name: block.counts(s, dtype) for s in shapes}
     results: list[Evaluation] = []
+
+    def emit(ev: Evaluation) -> None:
+        results.append(ev)
+        if on_result is not None:
+            on_result(ev)
+
+    def step(label: str) -> None:
+        if on_step is not None:
+            on_step(label)
+
+    def fail_all(verdict: Verification) -> list[Evaluation]:
+        for shape in shapes:
+            if not any(r.shape.name == shape.name for r in results):
+                emit(Evaluation(shape, verdict, counts[shape.name]))
+        return results
+
+    if policy:
+        from .policy import check_source
+
+        report = check_source(source)
+        if not report.ok:
+            return fail_all(Verification(Status.REJECTED, message=report.message()))
+    step("compile")
+    snapshot = harness_snapshot((f"{type(device).__name__}.time", type(device), "time"),
+                                (f"{type(block).__name__}.reference", type(block), "reference"))
+
+    def tampered(when: str) -> Verification | None:
+        changed = harness_changes(snapshot)
+        if not changed:
+            return None
+        return Verification(Status.REJECTED, message=f"the candidate replaced {', '.join(changed[:4])} {when} "
+                                                     "(tampering with the harness)")
+
+    module, failure = load_candidate(source, block.id)
+    failure = failure or tampered("when imported")
+    if failure is not None:
+        return fail_all(failure)
+    run = module.run
+    for index, shape in enumerate(held_out):
+        step(f"held-out {shape.name}")
+        # One poisoned call on fresh inputs catches shape hard-coding; the three-call protocol
+        # (determinism, caches) runs on the timed shapes.
+        verdict = verify_shape(block, run, shape, dtype, device.torch_device, seed=101 + index,
+                               deterministic=deterministic, calls=1)
+        bad = tampered(f"while verifying {shape.name}")
+        if bad is not None:
+            return fail_all(bad)
+        if not verdict.ok:
+            return fail_all(Verification(verdict.status, verdict.rel_error, verdict.excess, verdict.checks,
+                                         f"{HELD_OUT_FLAG} {verdict.message}"[:2000]))
     for index, shape in enumerate(shapes):
-        counts = block.counts(shape, dtype)
-        if failure is not None:
-            results.append(Evaluation(shape, failure, counts))
-            continue
-        verdict = verify_shape(block, module.run, shape, dtype, device.torch_device, seed=index,
-                               deterministic=deterministic)
+        step(shape.name)
+        verdict = verify_shape(block, run, shape, dtype, device.torch_device, seed=index, deterministic=deterministic)
         timing = None
         if verdict.ok and timed:
-            try:
-                timing = time_candidate(block, module.run, shape, dtype, device, counts)
-            except Exception as exc:  # a crash while timing is the candidate's runtime error
-                verdict = Verification(Status.RUNTIME_ERROR, verdict.rel_error, verdict.excess, verdict.checks,
-                                       f"{shape.name}: while timing: {type(exc).__name__}: {exc}"[:2000])
-        results.append(Evaluation(shape, verdict, counts, timing))
+            verdict, timing = _time_and_recheck(block, run, shape, dtype, device, counts[shape.name], verdict,
+                                                recheck=recheck, seed=index)
+        bad = tampered(f"while evaluating {shape.name}")
+        if bad is not None:
+            verdict, timing = bad, None
+        emit(Evaluation(shape, verdict, counts[shape.name], timing))
+        if bad is not None:
+            return fail_all(bad)
         if stop_at_first_failure and not verdict.ok:
             break
     return results
+
+
+def _time_and_recheck(block: Block, run, shape: Shape, dtype: torch.dtype, device: Device, counts: Counts,
+                      verdict: Verification, *, recheck: bool, seed: int) -> tuple[Verification, Timing | None]:
+    sets: list = []
+    try:
+        timing = time_candidate(block, run, shape, dtype, device, counts, sets=sets)
+    except Exception as exc:  # a crash while timing is the candidate's runtime error
+        return Verification(Status.RUNTIME_ERROR, verdict.rel_error, verdict.excess, verdict.checks,
+                            f"{shape.name}: while timing: {type(exc).__name__}: {exc}"[:2000]), None
+    if not recheck:
+        return verdict, timing
+    inputs, out = sets[0]
+    again = verify_again(block, run, shape, dtype, device.torch_device, inputs, out, seed=7000 + seed)
+    if not again.ok:
+        return again, None
+    if timing.extra.get("event_wall_mismatch"):
+        return Verification(Status.REJECTED, verdict.rel_error, verdict.excess, verdict.checks + 1,
+                            f"{TIMING_FLAG} {shape.name}: the GPU was busy {timing.extra['drain_s'] * 1e6:.1f} us after "
+                            f"the call returned while the events timed {timing.median_s * 1e6:.1f} us per call: work "
+                            "the timed stream does not see (a side stream?)"), None
+    ceilings = device.ceilings() if timing.is_gpu else None
+    if ceilings is not None:
+        roofline = ceilings.roofline_seconds(counts.flops, counts.bytes)
+        if timing.median_s < roofline:
+            third = verify_again(block, run, shape, dtype, device.torch_device, inputs, out, seed=9000 + seed,
+                                 label="roofline re-check")
+            note = (f"{ROOFLINE_FLAG} {shape.name}: median {timing.median_s * 1e6:.2f} us is below the "
+                    f"{ceilings.name} datasheet roofline of {roofline * 1e6:.2f} us")
+            if not third.ok:
+                return Verification(third.status, third.rel_error, third.excess, verdict.checks + 2,
+                                    f"{note}; re-verification failed: {third.message}"[:2000]), None
+            return Verification(Status.OK, verdict.rel_error, verdict.excess, verdict.checks + 2,
+                                f"{note}; re-verified on perturbed inputs: the timing is suspect"), timing
+    return Verification(verdict.status, max(verdict.rel_error or 0.0, again.rel_error or 0.0), verdict.excess,
+                        verdict.checks + 1, verdict.message), timing
 
 
 def pair_speedups(block: Block, baseline_source: str, candidate_source: str, shape: Shape, dtype: torch.dtype,
@@ -118,18 +278,29 @@ def pair_speedups(block: Block, baseline_source: str, candidate_source: str, sha
 
 
 class InProcessExecutor:
-    """Evaluates candidates in this process: for trusted templates and tests. Untrusted code runs
-    through an isolating executor with the same two methods."""
+    """Evaluates candidates in this process: for trusted templates, debugging and tests. A crash
+    or hang of a candidate takes this process with it; untrusted code runs through
+    :class:`kernelforge.worker.WorkerExecutor`, which has the same three methods.
 
-    def __init__(self, device: Device):
+    The static policy is still applied (``policy=False`` turns it off, for tests of the run-time
+    defenses), as are the held-out shapes and the post-timing re-check.
+    """
+
+    def __init__(self, device: Device, *, policy: bool = True, held_out: bool = True):
         self.device = device
+        self.policy = policy
+        self.held_out = held_out
 
     def evaluate(self, block: Block, source: str, shapes: list[Shape], dtype: torch.dtype, *,
                  deterministic: bool = True) -> list[Evaluation]:
-        return evaluate(block, source, shapes, dtype, self.device, deterministic=deterministic)
+        """Verify and time ``source`` on ``shapes`` (see :func:`evaluate`)."""
+        extra = held_out_shapes(block, shapes, source, self.device.name) if self.held_out else []
+        return evaluate(block, source, shapes, dtype, self.device, deterministic=deterministic, held_out=extra,
+                        policy=self.policy)
 
     def pair_speedups(self, block: Block, baseline_source: str, candidate_source: str, shape: Shape,
                       dtype: torch.dtype, pairs: int) -> list[float]:
+        """Interleaved baseline/candidate speedups (see :func:`pair_speedups`)."""
         return pair_speedups(block, baseline_source, candidate_source, shape, dtype, self.device, pairs)
 
     def close(self) -> None:

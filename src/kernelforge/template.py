@@ -113,7 +113,14 @@ class Template:
                                 "use [template], [space], [baseline]")
         if "space" not in header or not header["space"]:
             raise TemplateError(f"{where}: header has no [space] table; declare each parameter's values")
-        space = Space.build(header["space"], info.get("constraints", []), where=f"{where} [space]")
+        for table in ("template", "space", "baseline"):
+            if not isinstance(header.get(table, {}), dict):
+                raise TemplateError(f"{where}: [{table}] must be a table ([{table}]), not an array or a value")
+        constraints = info.get("constraints", [])
+        if not isinstance(constraints, list) or not all(isinstance(c, str) for c in constraints):
+            raise TemplateError(f'{where} [template] constraints: must be a list of expressions, e.g. '
+                                f'constraints = ["BLOCK_N <= BLOCK_M"]')
+        space = Space.build(header["space"], constraints, where=f"{where} [space]")
         baseline = dict(header.get("baseline", {}))
         problems = space.problems(baseline)
         if problems:
@@ -159,6 +166,10 @@ class Template:
             return _compiled(self.text).render(**point)
         except jinja2.TemplateError as exc:
             raise TemplateError(f"template {self.id}: rendering failed: {exc}") from None
+        except Exception as exc:  # the template's own expressions ({{ 1 // X }} at X = 0, ...)
+            raise TemplateError(f"template {self.id}: rendering failed at {dict(point)}: "
+                                f"{type(exc).__name__}: {exc}; fix the template or exclude the point "
+                                "with a constraint") from None
 
     def render_baseline(self) -> str:
         return self.render(self.baseline)

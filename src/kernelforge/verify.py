@@ -13,13 +13,23 @@ For each shape, three calls of the candidate:
 After every call: a Triton kernel must have been launched (no torch fallback), the inputs must be
 bitwise unchanged, the output object must be the same tensor (type, shape, dtype, device, pointer),
 and a fingerprint of the output taken when the call returns must equal one taken after a full device
-synchronisation (work deferred to another stream or thread shows up here). NaN or Inf never passes.
+synchronisation (work deferred to another stream or thread shows up here), no thread may be left
+running, and the host code may not compute with torch on floating-point tensors (a
+``TorchDispatchMode`` watches every torch operation outside Triton launches: allocation, copies,
+views and integer index arithmetic are allowed, ``x * alpha + y`` is not). NaN or Inf never passes.
+
+Also here, for :mod:`kernelforge.evaluate`: :func:`verify_again` re-checks a candidate on the very
+buffers it was timed with after perturbing their values (phase detection, caches), and
+:func:`harness_snapshot` / :func:`harness_changes` detect a candidate that replaced functions the
+harness relies on (``torch.equal``, ``time.perf_counter``, this module's checks...).
 """
 
 from __future__ import annotations
 
 import math
+import sys
 import threading
+import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
@@ -40,8 +50,12 @@ class HarnessError(RuntimeError):
 
 
 @contextmanager
-def count_launches() -> Iterator[list[int]]:
-    """Count Triton kernel launches (JIT and interpreter) inside the block: ``counter[0]``."""
+def count_launches(guard: "HostComputeGuard | None" = None) -> Iterator[list[int]]:
+    """Count Triton kernel launches (JIT and interpreter) inside the block: ``counter[0]``.
+
+    With a ``guard``, torch operations made *inside* a launch (the interpreter moves tensors
+    through numpy with torch copies) are not the candidate's host code and are not watched.
+    """
     from triton.runtime.jit import JITFunction
 
     classes: list[type] = [JITFunction]
@@ -58,7 +72,13 @@ def count_launches() -> Iterator[list[int]]:
         def run(self, *args, **kwargs):
             if not kwargs.get("warmup", False):
                 counter[0] += 1
-            return original(self, *args, **kwargs)
+            if guard is not None:
+                guard.depth += 1
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                if guard is not None:
+                    guard.depth -= 1
 
         return run
 
@@ -77,13 +97,89 @@ def _synchronize(device: torch.device) -> None:
 
 
 def _poison_free_memory(device: torch.device, nbytes: int) -> None:
-    """Fill memory the caching allocator will hand out next with NaN bit patterns (0xFF bytes are
-    NaN in fp16, bf16 and fp32), so a candidate's torch.empty sees NaN rather than a stale result."""
-    if device.type != "cuda":
+    """Fill memory the allocator will hand out next with NaN bit patterns (0xFF bytes are NaN in
+    fp16, bf16 and fp32), so a candidate's torch.empty sees NaN rather than a stale result.
+
+    On a GPU, one large block of the caching allocator. On the CPU, glibc's malloc hands back the
+    most recently freed chunk of a size class first, so freeing poisoned buffers of the sizes a
+    candidate is likely to ask for (the output in its own dtype, in fp32 and in fp64: the sizes of
+    the harness's own temporaries holding reference values) makes its next torch.empty of that size
+    poisoned (measured: the freed chunk is reused for sizes of about 1 KB and up; the first 16
+    bytes hold malloc's free-list pointers).
+    """
+    if device.type == "cuda":
+        junk = torch.empty(max(nbytes, 1 << 20), dtype=torch.uint8, device=device)
+        junk.fill_(0xFF)
+        del junk
         return
-    junk = torch.empty(max(nbytes, 1 << 20), dtype=torch.uint8, device=device)
-    junk.fill_(0xFF)
-    del junk
+    for size in sorted({nbytes // 4, nbytes // 2, nbytes}):
+        if size > 0:
+            junk = torch.empty(size, dtype=torch.uint8, device=device)
+            junk.fill_(0xFF)
+            del junk
+
+
+#: Host-side torch operations allowed on floating-point tensors: allocation, fills, copies and
+#: dtype conversions, views, concatenation, reads. Anything else on a floating-point tensor outside
+#: a Triton launch is the candidate computing (part of) its result with torch (EVALUATION.md #6).
+FLOAT_HOST_OPS = frozenset({
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like",
+    "new_zeros", "ones", "ones_like", "new_ones", "full", "full_like", "new_full", "fill_", "zero_",
+    "copy_", "clone", "_to_copy", "lift_fresh", "lift_fresh_copy", "detach", "alias", "view",
+    "_unsafe_view", "reshape", "_reshape_alias", "as_strided", "transpose", "t", "permute", "expand",
+    "select", "slice", "unsqueeze", "squeeze", "unbind", "split", "split_with_sizes", "chunk", "narrow",
+    "view_as", "cat", "stack", "_local_scalar_dense", "index_select", "index", "gather", "resolve_conj",
+    "resolve_neg", "is_same_size", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset",
+})
+
+
+def _dispatch_mode_base() -> type:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    return TorchDispatchMode
+
+
+class HostComputeGuard:
+    """Watches the torch operations a candidate's host code makes (a ``TorchDispatchMode``).
+
+    ``violation`` is the first operation outside :data:`FLOAT_HOST_OPS` that touched a
+    floating-point tensor (``"aten.mul.Tensor on torch.float16"``), or None. Operations made while
+    ``depth > 0`` (inside a Triton launch) are ignored. Nothing is raised inside the candidate's
+    call: an exception could be caught by its own ``except RuntimeError``; the verdict is read
+    after the call returns.
+    """
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.violation: str | None = None
+        guard = self
+
+        class _Mode(_dispatch_mode_base()):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                if guard.depth == 0 and guard.violation is None:
+                    guard._inspect(func, args, kwargs)
+                return func(*args, **kwargs)
+
+        self._mode = _Mode()
+
+    def _inspect(self, func: Any, args: tuple, kwargs: dict) -> None:
+        name = getattr(getattr(func, "overloadpacket", None), "__name__", str(func))
+        if name in FLOAT_HOST_OPS:
+            return
+        for value in (*args, *kwargs.values()):
+            values = value if isinstance(value, (list, tuple)) else (value,)
+            for item in values:
+                if isinstance(item, torch.Tensor) and (item.is_floating_point() or item.is_complex()):
+                    self.violation = f"{func} on {item.dtype}"
+                    return
+
+    def __enter__(self) -> "HostComputeGuard":
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._mode.__exit__(*exc)
 
 
 def _tensors(inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -160,14 +256,19 @@ def _call(run: RunFn, inputs: dict[str, Any], out: torch.Tensor, device: torch.d
     """One guarded call: launch count, output identity, deferred-work fingerprint, thread count."""
     ptr, shape, dtype = out.data_ptr(), tuple(out.shape), out.dtype
     threads_before = threading.active_count()
-    with count_launches() as launches:
+    guard = HostComputeGuard()
+    with count_launches(guard) as launches:
         try:
-            run(**inputs, out=out)
+            with guard:
+                run(**inputs, out=out)
         except Exception as exc:  # the candidate's failure is data, not a crash of the harness
             raise _Rejected(Status.RUNTIME_ERROR, f"{type(exc).__name__}: {exc}".strip()[:2000]) from None
-    early = _fingerprint(out)
-    _synchronize(device)
-    late = _fingerprint(out)
+    try:
+        early = _fingerprint(out)
+        _synchronize(device)
+        late = _fingerprint(out)
+    except Exception as exc:  # an asynchronous fault of the candidate's kernels (CUDA error) surfaces here
+        raise _Rejected(Status.RUNTIME_ERROR, f"{type(exc).__name__}: {exc}".strip()[:2000]) from None
     if launches[0] == 0:
         raise _Rejected(Status.REJECTED, "no Triton kernel was launched (fallback to another implementation?)")
     if type(out) is not torch.Tensor or out.data_ptr() != ptr or tuple(out.shape) != shape or out.dtype != dtype:
@@ -176,6 +277,9 @@ def _call(run: RunFn, inputs: dict[str, Any], out: torch.Tensor, device: torch.d
         raise _Rejected(Status.REJECTED, "output changed after the call returned (work deferred to another stream or thread)")
     if threading.active_count() > threads_before:
         raise _Rejected(Status.REJECTED, "the candidate left background threads running")
+    if guard.violation is not None:
+        raise _Rejected(Status.REJECTED, f"host code computed with torch ({guard.violation}); torch may only "
+                                         "allocate, copy, view and index on the host: compute in a Triton kernel")
 
 
 def verify_shape(
@@ -188,8 +292,13 @@ def verify_shape(
     seed: int = 0,
     distributions: tuple[str, str] | None = None,
     deterministic: bool = True,
+    calls: int = 3,
 ) -> Verification:
-    """Verify ``run`` (a candidate's entry point) on one shape. See the module docstring."""
+    """Verify ``run`` (a candidate's entry point) on one shape. See the module docstring.
+
+    ``calls=1`` makes only the first, poisoned call on fresh inputs (enough to catch a candidate
+    hard-coded to other shapes, at a third of the cost: used for held-out shapes).
+    """
     device = torch.device(device)
     tol = block.tolerance(dtype, device.type)
     if distributions is None:
@@ -220,6 +329,8 @@ def verify_shape(
         worst_rel, worst_excess = max(worst_rel, rel), max(worst_excess, excess)
         if problem:
             return Verification(Status.WRONG, rel, excess, checks, f"{shape.name}: {problem}")
+        if calls < 2:
+            return Verification(Status.OK, worst_rel, worst_excess, checks, "")
 
         second_out = attempt("call 2")
         checks += 1
@@ -271,3 +382,138 @@ def verify(
         if stop_at_first_failure and not verdict.ok:
             break
     return results
+
+
+# -- after timing ---------------------------------------------------------------------------------
+
+
+def perturb_inputs(inputs: dict[str, Any], seed: int, fraction: float = 1 / 64) -> None:
+    """Change the values of ``inputs``' floating-point tensors in place (same pointers, shapes and
+    strides): about ``fraction`` of the elements of each get the value of another random element,
+    so values keep their distribution. Integer tensors (routing, lengths) are left alone: their
+    values carry invariants the block's inputs guarantee.
+
+    A result cached by pointer, shape, or a sample of the input values is now stale, and a full
+    cache by value misses (it then has to compute).
+    """
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(seed)
+    for tensor in _tensors(inputs).values():
+        if not tensor.is_floating_point() or tensor.numel() < 2 or not tensor.is_contiguous():
+            continue
+        flat = tensor.view(-1)
+        count = max(1, int(flat.numel() * fraction))
+        dst = torch.randint(flat.numel(), (count,), generator=gen).to(tensor.device)
+        src = torch.randint(flat.numel(), (count,), generator=gen).to(tensor.device)
+        flat[dst] = flat[src].clone()
+
+
+def verify_again(
+    block: Block,
+    run: RunFn,
+    shape: Shape,
+    dtype: torch.dtype,
+    device: str | torch.device,
+    inputs: dict[str, Any],
+    out: torch.Tensor,
+    *,
+    seed: int,
+    label: str = "after timing",
+) -> Verification:
+    """One more guarded call on buffers the candidate has already seen (the timing set), after
+    :func:`perturb_inputs` changed their values: the output is poisoned, the call must pass every
+    check of :func:`verify_shape`, and it must match the reference of the perturbed inputs.
+
+    Catches candidates that are right for the first calls and then cheat (phase detection:
+    EVALUATION.md #16), results cached by pointer or by a sample of the values, and stale memory
+    read during the timing phase, whose outputs are otherwise never looked at.
+    """
+    device = torch.device(device)
+    tol = block.tolerance(dtype, device.type)
+    where = f"{block.id} {shape.name}"
+    try:
+        perturb_inputs(inputs, seed)
+        pristine = {k: v.clone() for k, v in _tensors(inputs).items()}
+        _poison_free_memory(device, out.numel() * out.element_size() * 4)
+        out.fill_(math.nan)
+        _call(run, inputs, out, device)
+        for name, tensor in _tensors(inputs).items():
+            if not _bits_equal(tensor, pristine[name]):
+                raise _Rejected(Status.REJECTED, f"the candidate modified its input {name!r}")
+        ref = block.reference(**{**inputs, **{k: v.clone() for k, v in pristine.items()}})
+        _check_reference_spread(ref, where)
+        rel, excess, problem = compare(out, ref, tol)
+    except _Rejected as exc:
+        return Verification(exc.status, None, None, 1, f"{shape.name} ({label}): {exc}")
+    if problem:
+        return Verification(Status.WRONG, rel, excess, 1, f"{shape.name} ({label}, on perturbed inputs): {problem}")
+    return Verification(Status.OK, rel, excess, 1, "")
+
+
+# -- harness integrity ------------------------------------------------------------------------------
+
+
+def _harness_objects() -> list[tuple[str, Any, str]]:
+    """(label, owner, attribute) of every function the harness's verdicts and timings rely on."""
+    from triton.runtime.jit import JITFunction
+
+    items: list[tuple[str, Any, str]] = []
+    for name in ("equal", "isfinite", "isnan", "nonzero", "randn", "randint", "empty", "empty_like", "zeros"):
+        items.append((f"torch.{name}", torch, name))
+    items.append(("torch.linalg.vector_norm", torch.linalg, "vector_norm"))
+    for name in ("__eq__", "__sub__", "sum", "copy_", "fill_", "clone", "to", "float", "double", "abs", "max",
+                 "std", "pow", "mean", "view", "contiguous", "data_ptr", "any", "all", "__bool__", "__float__",
+                 "item"):
+        items.append((f"torch.Tensor.{name}", torch.Tensor, name))
+    for name in ("synchronize", "Event"):
+        items.append((f"torch.cuda.{name}", torch.cuda, name))
+    for name in ("record", "elapsed_time", "synchronize"):
+        items.append((f"torch.cuda.Event.{name}", torch.cuda.Event, name))
+    for name in ("perf_counter", "time", "monotonic"):
+        items.append((f"time.{name}", time, name))
+    items.append(("threading.active_count", threading, "active_count"))
+    items.append(("math.isfinite", math, "isfinite"))
+    items.append(("triton JITFunction.run", JITFunction, "run"))
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        items.append(("triton InterpretedFunction.run", InterpretedFunction, "run"))
+    except ImportError:  # pragma: no cover
+        pass
+    this = sys.modules[__name__]
+    for name in ("compare", "_call", "_fingerprint", "_bits_equal", "_synchronize", "verify_shape", "verify_again",
+                 "count_launches", "perturb_inputs", "_poison_free_memory", "_check_reference_spread",
+                 "HostComputeGuard"):
+        items.append((f"kernelforge.verify.{name}", this, name))
+    for module_name in ("kernelforge.evaluate", "kernelforge.device", "kernelforge.worker"):
+        module = sys.modules.get(module_name)
+        if module is None:
+            continue
+        for name, value in list(vars(module).items()):
+            if callable(value) and getattr(value, "__module__", None) == module_name:
+                items.append((f"{module_name}.{name}", module, name))
+                if isinstance(value, type):
+                    for attr, member in list(vars(value).items()):
+                        if callable(member) and not attr.startswith("__"):
+                            items.append((f"{module_name}.{name}.{attr}", value, attr))
+    return items
+
+
+def harness_snapshot(*extra: tuple[str, Any, str]) -> list[tuple[str, Any, str, Any]]:
+    """The current value of every harness function (plus ``extra`` (label, owner, attribute)
+    entries, e.g. the device's ``time`` and the block's ``reference``), to compare later with
+    :func:`harness_changes`. Taken before a candidate is imported."""
+    return [(label, owner, attr, owner.__dict__.get(attr, getattr(owner, attr, None))
+             if isinstance(owner, type) else getattr(owner, attr, None))
+            for label, owner, attr in [*_harness_objects(), *extra]]
+
+
+def harness_changes(snapshot: list[tuple[str, Any, str, Any]]) -> list[str]:
+    """Labels of the harness functions that are no longer the objects recorded in ``snapshot``:
+    a candidate replaced them (evaluator tampering, EVALUATION.md #12 and #15)."""
+    changed = []
+    for label, owner, attr, value in snapshot:
+        now = owner.__dict__.get(attr, getattr(owner, attr, None)) if isinstance(owner, type) else getattr(owner, attr, None)
+        if now is not value:
+            changed.append(label)
+    return changed
