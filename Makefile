@@ -22,6 +22,7 @@ demo: $(BIN)/.installed
 	$(BIN)/kernelforge report search/demo.toml
 
 test: $(BIN)/.installed
+	bash scripts/ensure_chromium.sh
 	$(BIN)/python -m pytest -n 2 -q
 
 bench: $(BIN)/.installed

@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .errors import UserError
@@ -60,7 +61,8 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except UserError as exc:
-            err_console.print(f"[bold red]kernelforge:[/] {exc}")
+            # Escaped: messages name TOML tables such as [llm], which rich would take for markup.
+            err_console.print(f"[bold red]kernelforge:[/] {escape(str(exc))}")
             ctx.exit(2)
 
 
@@ -269,22 +271,36 @@ def _load_job(ctx: click.Context, job_file: str, storage: str | None):
               help="Live terminal view (default on a terminal), JSON lines, or quiet.")
 @click.option("--no-compile", is_flag=True, help="Skip ahead-of-time compilation of candidates.")
 @click.option("--report/--no-report", default=True, show_default=True, help="Write the report when done.")
+@click.option("--llm", "llm_mode", default=None, metavar="URL|replay[:PATH]|off",
+              help="LLM generator: an OpenAI-compatible base URL (enables or overrides the job's [llm]), "
+                   "'replay' to answer from the job database's stored transcripts offline, 'replay:PATH' "
+                   "from another job database, or 'off'.")
+@click.option("--llm-model", default=None, help="Model name for --llm URL (overrides [llm] model).")
+@click.option("--llm-key-env", default=None, metavar="NAME",
+              help="Environment variable holding the API key (overrides [llm] api_key_env).")
+@click.option("--in-process", is_flag=True,
+              help="Evaluate candidates in this process instead of an isolated worker (debugging trusted "
+                   "templates: a crashing or hanging candidate then takes the search down).")
 @click.pass_context
 def search(ctx: click.Context, job_file: str, storage: str | None, device_name: str | None,
-           progress_mode: str | None, no_compile: bool, report: bool) -> None:
+           progress_mode: str | None, no_compile: bool, report: bool, llm_mode: str | None,
+           llm_model: str | None, llm_key_env: str | None, in_process: bool = False) -> None:
     """Run (or resume) the search described by JOB_FILE; rerunning continues where it stopped."""
+    from .job import require_llm_endpoint
     from .progress import make_progress
     from .report import write_report
     from .search import Search
     from .store import Store
 
     job, catalog = _load_job(ctx, job_file, storage)
+    job = _with_llm(job, llm_mode, llm_model, llm_key_env)
+    require_llm_endpoint(job)
     store = Store(job.storage_url)
     mode = progress_mode or ("live" if sys.stdout.isatty() else "jsonl")
     progress = make_progress(mode)
     try:
         outcome = Search(job, catalog, store, progress, device_name=device_name,
-                         compile_enabled=not no_compile).run()
+                         compile_enabled=not no_compile, in_process=in_process).run()
     finally:
         progress.close()
     if report:
@@ -294,24 +310,100 @@ def search(ctx: click.Context, job_file: str, storage: str | None, device_name: 
     err_console.print(f"{job.name}: {outcome.evaluations} evaluations this run, {outcome.duplicates} answered "
                       f"from the store; {counts['candidates']} candidates and {counts['results']} results stored "
                       f"in {job.storage_url}")
+    if outcome.llm:
+        llm = outcome.llm
+        kinds = ", ".join(f"{k} {v}" for k, v in sorted(llm["kinds"].items())) or "none"
+        err_console.print(f"llm: {llm['requests']} requests ({llm['attempts']} attempts, {llm['tokens']} tokens); "
+                          f"answers: {kinds}" + (f"; stopped: {llm['stopped']}" if llm["stopped"] else ""),
+                          markup=False, soft_wrap=True)
     if outcome.stopped:
         ctx.exit(130)
+
+
+def _with_llm(job, mode: str | None, model: str | None, key_env: str | None):
+    """The job with the command line's --llm options applied (see ``search --help``)."""
+    from dataclasses import replace
+
+    from .job import LLMSpec, check_base_url, parse_llm
+
+    if mode is None and model is None and key_env is None:
+        return job
+    if mode == "off":
+        return replace(job, llm=None)
+    spec = job.llm
+    if mode is not None and (mode == "replay" or mode.startswith("replay:")):
+        source = mode.partition(":")[2]
+        if source and "://" not in source:
+            if not Path(source).is_file():
+                raise UserError(f"--llm {mode}: no such job database; give the kernelforge.db of the search to replay")
+            source = f"sqlite:///{source}"
+        return replace(job, llm=replace(spec or LLMSpec(), replay=source or job.storage_url))
+    if spec is None:
+        if mode is None:
+            raise UserError("--llm-model/--llm-key-env need --llm URL (or an [llm] table in the job)")
+        spec = parse_llm({}, "--llm", require_endpoint=False)
+    if mode is not None:
+        check_base_url(mode, "--llm")
+        spec = replace(spec, base_url=mode)
+    if model is not None:
+        spec = replace(spec, model=model)
+    if key_env is not None:
+        spec = replace(spec, api_key_env=parse_llm({"api_key_env": key_env}, "--llm-key-env",
+                                                   require_endpoint=False).api_key_env)
+    if not spec.model:
+        raise UserError("--llm URL needs --llm-model NAME (or [llm] model in the job)")
+    return replace(job, llm=spec)
 
 
 @main.command()
 @click.argument("job_file", type=click.Path(dir_okay=False))
 @click.option("--storage", default=None, help="SQLAlchemy URL of the results database (default: the job's).")
+@click.option("--compare", "compare_file", type=click.Path(dir_okay=False), default=None,
+              help="A second job file (e.g. the same job on another GPU or Triton version): print both side by "
+                   "side and write reports/compare-<a>-vs-<b>.html.")
+@click.option("--compare-storage", default=None, help="SQLAlchemy URL of the --compare job's database (default: its own).")
 @click.pass_context
-def report(ctx: click.Context, job_file: str, storage: str | None) -> None:
-    """Write reports/<job>/REPORT.md and results.json from the stored results of JOB_FILE."""
-    from .report import write_report
+def report(ctx: click.Context, job_file: str, storage: str | None, compare_file: str | None,
+           compare_storage: str | None) -> None:
+    """Write reports/<job>/REPORT.md, results.json and index.html from the stored results of JOB_FILE."""
+    from .report import collect, write_compare, write_report
     from .store import Store
 
     job, catalog = _load_job(ctx, job_file, storage)
     store = Store(job.storage_url, create=False)
+    if compare_file:
+        other, _ = _load_job(ctx, compare_file, compare_storage)
+        other_store = Store(other.storage_url, create=False)
+        text, html = write_compare(collect(job, catalog, store), collect(other, catalog, other_store))
+        click.echo(text)  # raw Markdown: no wrapping or markup interpretation
+        err_console.print(f"wrote {html}")
+        return
     path = write_report(job, catalog, store)
-    console.print(path.read_text(encoding="utf-8"))
-    err_console.print(f"wrote {path} and {path.with_name('results.json')}")
+    click.echo(path.read_text(encoding="utf-8"))  # raw Markdown: no wrapping or markup interpretation
+    err_console.print(f"wrote {path}, {path.with_name('results.json')} and {path.with_name('index.html')}")
+
+
+@main.command()
+@click.argument("job_file", type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(["vllm", "triton", "source"]), required=True,
+              help="vllm: fused_moe config JSON per (E, N); triton: module with the winning kernels and a "
+                   "triton.Config list; source: the winning rendered sources.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Output folder (default: reports/<job>/export/).")
+@click.option("--storage", default=None, help="SQLAlchemy URL of the results database (default: the job's).")
+@click.pass_context
+def export(ctx: click.Context, job_file: str, fmt: str, out_dir: str | None, storage: str | None) -> None:
+    """Export the winners of JOB_FILE for vLLM, as a Triton module, or as sources."""
+    from .export import export as run_export
+    from .store import Store
+
+    job, catalog = _load_job(ctx, job_file, storage)
+    store = Store(job.storage_url, create=False)
+    written, notes = run_export(job, catalog, store, fmt, Path(out_dir) if out_dir else None)
+    for path in written:
+        console.print(f"wrote {path}", markup=False)
+    for note in notes:
+        err_console.print(f"note: {note}", markup=False)
 
 
 @main.command(name="strategy-bench")

@@ -7,6 +7,13 @@ The store is the search's only feedback channel: resume, replay and reports all 
 Durability: every write is its own transaction, so a search killed with SIGKILL loses at most the
 evaluation in flight. A result is unique per (candidate, shape, dtype, device, versions): the same
 candidate is never evaluated twice in the same conditions.
+
+One search per job at a time: ``kf_locks`` holds a row per running job with its holder's host, pid
+and process start time. A second search of the job refuses with a message naming the holder while
+it is alive, and takes the lock over when it is dead (same host: the pid is gone, a zombie, or
+reused by another process; another host: no heartbeat for LOCK_STALE_S seconds). Searches of
+other jobs in the same database are not affected. A database that cannot be written (full disk,
+read-only file or folder) is one UserError naming the file; what was stored before stays.
 """
 
 from __future__ import annotations
@@ -107,6 +114,87 @@ confirmations_table = sa.Table(
 )
 
 
+# Templates written by the LLM generator: a resumed or replayed search rebuilds them from here (the
+# candidates alone would not do: Optuna tunes the template, not one rendering of it).
+templates_table = sa.Table(
+    "kf_templates", metadata,
+    sa.Column("id", sa.String(300), primary_key=True),  # <block>/llm_<hash of text>
+    sa.Column("block", sa.String(200), nullable=False, index=True),
+    sa.Column("text", sa.Text, nullable=False),
+    sa.Column("origin", sa.String(32), nullable=False),
+    sa.Column("parent", sa.String(32)),  # the candidate the model was asked to improve on
+    sa.Column("call_seq", sa.Integer),  # kf_llm_calls.seq of the response that wrote it
+    sa.Column("job", sa.String(200)),
+    sa.Column("created", sa.Float, nullable=False),
+)
+
+# Every HTTP attempt of the LLM generator: the request (messages and parameters, never the API
+# key), the response, token counts and latency. Attempts of one request share ``seq`` (the order in
+# which the search took in responses); the last attempt of a request carries ``kind``: what became
+# of it (ok / wrong / compile_error ... after evaluation, or no_code, truncated, policy,
+# request_timeout ...). ``tick`` is the search's evaluation count when the response was taken in,
+# so a replay hands it over at the same moment.
+llm_calls_table = sa.Table(
+    "kf_llm_calls", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("job", sa.String(200), nullable=False, index=True),
+    sa.Column("run", sa.Integer, nullable=False),
+    sa.Column("seq", sa.Integer, nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("final", sa.Boolean, nullable=False),
+    sa.Column("block", sa.String(200), nullable=False),
+    sa.Column("purpose", sa.String(32), nullable=False),  # new | repair
+    sa.Column("parent", sa.String(32)),
+    sa.Column("depth", sa.Integer, nullable=False, default=0),
+    sa.Column("model", sa.String(200), nullable=False),
+    sa.Column("base_url", sa.Text, nullable=False),
+    sa.Column("request", sa.Text, nullable=False),  # JSON: messages and sampling parameters
+    sa.Column("request_hash", sa.String(32), nullable=False, index=True),
+    sa.Column("response", sa.Text),
+    sa.Column("finish_reason", sa.String(32)),
+    sa.Column("status", sa.String(32), nullable=False),  # of this attempt: ok, rate_limited, ...
+    sa.Column("http_status", sa.Integer),
+    sa.Column("error", sa.Text),
+    sa.Column("prompt_tokens", sa.Integer),
+    sa.Column("completion_tokens", sa.Integer),
+    sa.Column("latency_s", sa.Float),
+    sa.Column("tick", sa.Integer, nullable=False, default=0),
+    sa.Column("kind", sa.String(32)),
+    sa.Column("message", sa.Text),  # what was wrong with the response, for the record
+    sa.Column("template_id", sa.String(300)),
+    sa.Column("candidate_id", sa.String(32)),
+    sa.Column("replayed_from", sa.Text),
+    sa.Column("created", sa.Float, nullable=False),
+)
+
+#: Tables added after schema version 1 without changing it: created on open when missing.
+_ADDED_TABLES = (templates_table, llm_calls_table)
+
+
+# One row per job while a search runs it: who holds it (host, pid and the process's start time, so
+# a reused pid is not mistaken for the holder) and when it last said it was alive. A second search of
+# the same job refuses while the holder lives, and takes over (compare-and-swap on ``holder``) when
+# it is dead: a SIGKILLed search leaves its row behind, and that must not block the rerun.
+locks_table = sa.Table(
+    "kf_locks", metadata,
+    sa.Column("job", sa.String(200), primary_key=True),
+    sa.Column("holder", sa.String(300), nullable=False),  # host:pid:process start time
+    sa.Column("host", sa.String(200), nullable=False),
+    sa.Column("pid", sa.Integer, nullable=False),
+    sa.Column("started", sa.Float, nullable=False),
+    sa.Column("heartbeat", sa.Float, nullable=False),
+)
+
+#: A lock whose holder runs on another host is taken over when its heartbeat is older than this
+#: (the holder refreshes it every LOCK_HEARTBEAT_S seconds; on the same host the pid is checked).
+LOCK_STALE_S = 300.0
+LOCK_HEARTBEAT_S = 30.0
+
+#: SQLite error texts that mean "nothing can be written here", turned into one clear UserError.
+_WRITE_FAILURES = ("database or disk is full", "readonly database", "read-only", "disk i/o error",
+                   "unable to open database file", "no space left")
+
+
 def env_key(env: dict[str, Any]) -> str:
     """What makes two measurements comparable: device and library versions (not clocks)."""
     keep = {k: env.get(k) for k in ("device", "device_name", "capability", "torch", "triton", "cuda", "driver")}
@@ -179,6 +267,7 @@ class Store:
             self.engine = sa.create_engine(url, future=True)
         except Exception as exc:  # bad URL, missing driver
             raise UserError(f"storage {url!r}: {exc}; use a SQLAlchemy URL such as sqlite:///reports/job/kernelforge.db") from None
+        sa.event.listen(self.engine, "handle_error", self._write_failure)
         self._open(create)
 
     def _enable_sqlite_pragmas(self) -> None:
@@ -228,6 +317,12 @@ class Store:
                     f"({SCHEMA_VERSION}); upgrade kernelforge to read it"
                 )
             self._enable_sqlite_pragmas()
+            missing = [t for t in _ADDED_TABLES if t.name not in tables]
+            if missing:
+                try:
+                    metadata.create_all(self.engine, tables=missing)
+                except (IntegrityError, OperationalError):
+                    pass  # created concurrently by another worker, or a read-only file: readers cope
             return
         if not create:
             raise UserError(f"storage {self.url} has no kernelforge results")
@@ -362,6 +457,79 @@ class Store:
         with self.engine.connect() as conn:
             return [{**r, "speedups": json.loads(r["speedups"])} for r in conn.execute(query).mappings()]
 
+    # -- LLM templates and transcripts ---------------------------------------------------------
+
+    def add_template(self, template_id: str, block: str, text: str, *, origin: str = "llm",
+                     parent: str | None = None, call_seq: int | None = None, job: str | None = None) -> None:
+        """Store a generated template's full text; a no-op when it is already stored."""
+        row = {"id": template_id, "block": block, "text": text, "origin": origin, "parent": parent,
+               "call_seq": call_seq, "job": job, "created": time.time()}
+        with self.engine.begin() as conn:
+            exists = conn.execute(sa.select(templates_table.c.id).where(templates_table.c.id == template_id)).first()
+            if exists is None:
+                try:
+                    conn.execute(templates_table.insert(), row)
+                except IntegrityError:
+                    pass
+
+    def templates(self, block: str | None = None, job: str | None = None) -> list[dict[str, Any]]:
+        """Stored generated templates, oldest first."""
+        query = sa.select(templates_table).order_by(templates_table.c.created, templates_table.c.id)
+        if block:
+            query = query.where(templates_table.c.block == block)
+        if job:
+            query = query.where(templates_table.c.job == job)
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(query).mappings()]
+
+    def add_llm_calls(self, rows: list[dict[str, Any]]) -> list[int]:
+        """Store the attempts of one request (one transaction); returns their row ids."""
+        ids = []
+        with self.engine.begin() as conn:
+            for row in rows:
+                row = {"created": time.time(), **row}
+                ids.append(conn.execute(llm_calls_table.insert(), row).inserted_primary_key[0])
+        return ids
+
+    def set_llm_outcome(self, row_id: int, kind: str, message: str | None = None, *,
+                        template_id: str | None = None, candidate_id: str | None = None) -> None:
+        """Record what became of a response (its final attempt's row)."""
+        values: dict[str, Any] = {"kind": kind}
+        if message is not None:
+            values["message"] = message
+        if template_id is not None:
+            values["template_id"] = template_id
+        if candidate_id is not None:
+            values["candidate_id"] = candidate_id
+        with self.engine.begin() as conn:
+            conn.execute(llm_calls_table.update().where(llm_calls_table.c.id == row_id).values(**values))
+
+    def llm_calls(self, job: str | None = None, *, final_only: bool = False) -> list[dict[str, Any]]:
+        """Stored LLM attempts in the order they were taken in (run, seq, attempt)."""
+        query = sa.select(llm_calls_table).order_by(llm_calls_table.c.run, llm_calls_table.c.seq,
+                                                    llm_calls_table.c.attempt)
+        if job:
+            query = query.where(llm_calls_table.c.job == job)
+        if final_only:
+            query = query.where(llm_calls_table.c.final == sa.true())
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(query).mappings()]
+
+    def llm_usage(self, job: str) -> dict[str, int]:
+        """Requests, attempts, tokens and the last run number the generator used for ``job``
+        (live calls only: replayed ones cost nothing)."""
+        c = llm_calls_table.c
+        live = (c.job == job) & c.replayed_from.is_(None)
+        with self.engine.connect() as conn:
+            requests = conn.execute(sa.select(sa.func.count()).where(live & (c.final == sa.true()))).scalar_one()
+            attempts, prompt, completion = conn.execute(sa.select(
+                sa.func.count(), sa.func.coalesce(sa.func.sum(c.prompt_tokens), 0),
+                sa.func.coalesce(sa.func.sum(c.completion_tokens), 0)).where(live)).one()
+            last_run = conn.execute(sa.select(sa.func.coalesce(sa.func.max(c.run), 0)).where(c.job == job)).scalar_one()
+            last_seq = conn.execute(sa.select(sa.func.coalesce(sa.func.max(c.seq), 0)).where(c.job == job)).scalar_one()
+        return {"requests": requests, "attempts": attempts, "tokens": int(prompt) + int(completion),
+                "last_run": int(last_run), "last_seq": int(last_seq)}
+
     def counts(self) -> dict[str, int]:
         with self.engine.connect() as conn:
             return {
@@ -369,8 +537,162 @@ class Store:
                 "results": conn.execute(sa.select(sa.func.count()).select_from(results_table)).scalar_one(),
             }
 
+    # -- write failures and job locks ------------------------------------------------------------
+
+    def _write_failure(self, context: Any) -> None:
+        """SQLAlchemy ``handle_error`` hook: a full disk or a read-only file or folder becomes one
+        UserError naming the database (each write is its own transaction, so everything stored
+        before it stays stored)."""
+        text = str(getattr(context, "original_exception", "") or "").lower()
+        locked = "database is locked" in text
+        if not locked and not any(marker in text for marker in _WRITE_FAILURES):
+            return
+        where = self.url
+        if self.url.startswith("sqlite:///"):
+            path = Path(self.url[len("sqlite:///"):])
+            where = f"{path} (folder {path.parent.resolve()})"
+        if locked:
+            raise UserError(
+                f"the results database {where} stayed locked by another process for 30 s; wait for it (another "
+                "job's search or report writing to the same file) and rerun: everything stored so far is kept"
+            ) from None
+        raise UserError(
+            f"cannot write the results database {where}: {context.original_exception}; free disk space or make "
+            "the file and its folder writable, then rerun: everything stored so far is kept"
+        ) from None
+
+    def acquire_job_lock(self, job: str) -> "JobLock":
+        """Take the lock of ``job`` for this process, or raise UserError naming the live holder.
+
+        A dead holder's lock (same host: its pid is gone or was reused; another host: no heartbeat
+        for LOCK_STALE_S seconds) is taken over. Re-entrant for the holding process.
+        """
+        metadata.create_all(self.engine, tables=[locks_table])
+        me = _holder_identity()
+        now = time.time()
+        row = {"job": job, "holder": me[0], "host": me[1], "pid": me[2], "started": now, "heartbeat": now}
+        for _ in range(3):
+            try:
+                with self.engine.begin() as conn:
+                    conn.execute(locks_table.insert(), row)
+                return JobLock(self, job, me[0], taken_over=None)
+            except IntegrityError:
+                pass
+            with self.engine.connect() as conn:
+                held = conn.execute(sa.select(locks_table).where(locks_table.c.job == job)).mappings().first()
+            if held is None:
+                continue  # released in between: try again
+            if held["holder"] == me[0]:
+                return JobLock(self, job, me[0], taken_over=None)
+            if _holder_alive(dict(held)):
+                since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(held["started"]))
+                raise UserError(
+                    f"job {job!r} is being searched by process {held['pid']} on host {held['host']} (since {since}) "
+                    f"in {self.url}; wait for it to finish or stop it (a killed search's lock is taken over "
+                    "automatically), or give this run another job name or --storage"
+                )
+            with self.engine.begin() as conn:
+                taken = conn.execute(locks_table.update().where(
+                    (locks_table.c.job == job) & (locks_table.c.holder == held["holder"])).values(**row))
+            if taken.rowcount == 1:
+                return JobLock(self, job, me[0], taken_over=f"process {held['pid']} on {held['host']}")
+        raise UserError(f"job {job!r}: could not take its lock in {self.url} (another search is starting); retry")
+
+    def job_lock(self, job: str) -> dict[str, Any] | None:
+        """The lock row of ``job`` (holder, host, pid, started, heartbeat), or None."""
+        metadata.create_all(self.engine, tables=[locks_table])
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(locks_table).where(locks_table.c.job == job)).mappings().first()
+        return dict(row) if row else None
+
     def close(self) -> None:
         self.engine.dispose()
+
+
+class JobLock:
+    """A held job lock: :meth:`refresh` it while running (a background heartbeat does), then
+    :meth:`release`. ``taken_over`` names the dead holder it replaced, if any."""
+
+    def __init__(self, store: Store, job: str, holder: str, taken_over: str | None):
+        self.store = store
+        self.job = job
+        self.holder = holder
+        self.taken_over = taken_over
+        self._stop: Any = None
+
+    def refresh(self) -> None:
+        with self.store.engine.begin() as conn:
+            conn.execute(locks_table.update().where(
+                (locks_table.c.job == self.job) & (locks_table.c.holder == self.holder)).values(heartbeat=time.time()))
+
+    def start_heartbeat(self, interval: float = LOCK_HEARTBEAT_S) -> None:
+        """Refresh the heartbeat every ``interval`` seconds from a daemon thread (for holders on
+        other hosts, whose pid cannot be checked)."""
+        import threading
+
+        stop = threading.Event()
+        self._stop = stop
+
+        def beat() -> None:
+            while not stop.wait(interval):
+                try:
+                    self.refresh()
+                except Exception:  # a full disk or a locked file: the search itself will say so
+                    pass
+
+        threading.Thread(target=beat, name="kernelforge-lock-heartbeat", daemon=True).start()
+
+    def release(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+        try:
+            with self.store.engine.begin() as conn:
+                conn.execute(locks_table.delete().where(
+                    (locks_table.c.job == self.job) & (locks_table.c.holder == self.holder)))
+        except (UserError, OperationalError):
+            pass  # unwritable now: the next search sees a dead holder and takes over
+
+
+def _process_start(pid: int) -> str:
+    """The start time of process ``pid`` in clock ticks since boot (Linux), '' elsewhere: with the
+    pid, it identifies a process even after its pid is reused."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return fields[19].decode()
+    except (OSError, IndexError):
+        return ""
+
+
+def _holder_identity() -> tuple[str, str, int]:
+    import os
+    import socket
+
+    host, pid = socket.gethostname(), os.getpid()
+    return f"{host}:{pid}:{_process_start(pid)}", host, pid
+
+
+def _holder_alive(row: dict[str, Any]) -> bool:
+    import os
+    import socket
+
+    if row["host"] != socket.gethostname():
+        return time.time() - float(row["heartbeat"]) < LOCK_STALE_S
+    pid = int(row["pid"])
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, another user's
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                return False  # killed, not yet reaped by its parent
+    except (OSError, IndexError):
+        pass
+    started = str(row["holder"]).rsplit(":", 1)[-1]
+    return not started or _process_start(pid) in ("", started)
 
 
 def _is_optuna_table(name: str) -> bool:
