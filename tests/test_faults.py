@@ -380,8 +380,10 @@ def test_bad_input_is_one_clear_line_and_loses_nothing(tmp_path, monkeypatch, ca
     url = f"sqlite:///{tmp_path / 'kf.db'}"
 
     def search():
+        # In-process: what is tested is the handling of the input, not the isolation (no worker start).
         return CliRunner().invoke(main, ["--kernels", str(kernels), "search", str(path), "--storage", url,
-                                         "--no-compile", "--progress", "quiet", "--no-report"], catch_exceptions=False)
+                                         "--no-compile", "--progress", "quiet", "--no-report", "--in-process"],
+                                  catch_exceptions=False)
 
     first = search()
     assert first.exit_code == 0, first.output

@@ -512,7 +512,11 @@ def _sandbox_here(memory_limit: int | None, parent_pid: int) -> None:
     for name in list(os.environ):
         if SECRET_NAME.search(name) or SECRET_VALUE.search(os.environ.get(name, "")):
             del os.environ[name]
-    os.chdir(tempfile.mkdtemp(prefix="kernelforge-compile-"))
+    # An empty directory of its own (shared by the pool's processes, so SIGKILLed searches leave
+    # no trail of them): never the search's working directory.
+    cwd = Path(tempfile.gettempdir()) / "kernelforge" / "compile-cwd"
+    cwd.mkdir(parents=True, exist_ok=True)
+    os.chdir(cwd)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if memory_limit:
         resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
