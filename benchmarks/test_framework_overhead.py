@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernelforge import interpreter
-from kernelforge.aot import CompilePool
+from kernelforge.devices import interpreter
+from kernelforge.compile.aot import CompilePool
 from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
-from kernelforge.evaluate import load_candidate
-from kernelforge.store import Store, StoredResult, env_key
+from kernelforge.execute.evaluate import load_candidate
+from kernelforge.store.store import Store, StoredResult, env_key
 from kernelforge.result import Status
-from kernelforge.verify import verify_shape
+from kernelforge.execute.verify import verify_shape
 
 interpreter.enable()
 ROOT = Path(__file__).resolve().parents[1]

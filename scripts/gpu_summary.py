@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from kernelforge.hardware import ceilings_for  # noqa: E402
+from kernelforge.devices.hardware import ceilings_for  # noqa: E402
 from kernelforge.result import format_seconds  # noqa: E402
 
 

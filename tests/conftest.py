@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernelforge import interpreter
+from kernelforge.devices import interpreter
 
 if os.environ.get("KERNELFORGE_TEST_DEVICE", "interpret") != "cuda":
     interpreter.enable()

@@ -15,11 +15,11 @@ import torch
 from kernelforge.block import DTYPES
 from kernelforge.candidate import Candidate, source_id
 from kernelforge.catalog import Catalog
-from kernelforge.device import InterpretDevice
-from kernelforge.evaluate import InProcessExecutor
+from kernelforge.devices.device import InterpretDevice
+from kernelforge.execute.evaluate import InProcessExecutor
 from kernelforge.result import Status
 from kernelforge.template import Template
-from kernelforge.worker import WorkerExecutor
+from kernelforge.execute.worker import WorkerExecutor
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -164,7 +164,7 @@ class FakeGpu(InterpretDevice):
                       extra={"event_wall_mismatch": self.mismatch, "drain_s": 1e-3})
 
     def ceilings(self):
-        from kernelforge.hardware import ceilings_for
+        from kernelforge.devices.hardware import ceilings_for
 
         return ceilings_for("NVIDIA H200")
 
@@ -187,7 +187,7 @@ def _honest_axpy() -> str:
 
 
 def test_gpu_work_the_events_missed_is_rejected():
-    from kernelforge.evaluate import TIMING_FLAG, evaluate
+    from kernelforge.execute.evaluate import TIMING_FLAG, evaluate
 
     block = catalog_for("toy/axpy").block("toy/axpy")
     [ev] = evaluate(block, _honest_axpy(), block.shapes("smoke"), torch.float16, FakeGpu(1e-3, mismatch=True))
@@ -195,7 +195,7 @@ def test_gpu_work_the_events_missed_is_rejected():
 
 
 def test_faster_than_the_roofline_is_reverified_and_flagged():
-    from kernelforge.evaluate import ROOFLINE_FLAG, evaluate
+    from kernelforge.execute.evaluate import ROOFLINE_FLAG, evaluate
 
     block = catalog_for("toy/axpy").block("toy/axpy")
     # n1000 in fp16 moves 6000 bytes: 1.25 ns at the H200's 4.8 TB/s; 1 ps is impossible.

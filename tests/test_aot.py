@@ -1,4 +1,4 @@
-"""Ahead-of-time compilation for real GPU targets (kernelforge.aot), with no GPU.
+"""Ahead-of-time compilation for real GPU targets (kernelforge.compile.aot), with no GPU.
 
 The conftest turns the interpreter on in this process; compiles run in spawned children without it.
 The blocks compiled here are test fixtures (tests/fixtures/kernels/demo/*): a scaled vector add
@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
-from kernelforge import aot
+from kernelforge.compile import aot
 from kernelforge.catalog import Catalog
 from kernelforge.errors import UserError
 

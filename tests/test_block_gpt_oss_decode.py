@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernelforge import interpreter
+from kernelforge.devices import interpreter
 from kernelforge.block import DISTRIBUTIONS, Shape, Tolerance
 from kernelforge.template import Template
-from kernelforge.verify import within
+from kernelforge.execute.verify import within
 from kernel_helpers import module_at as _module, run_once as _run
 
 BLOCK_ID = "attention/gpt_oss_decode"

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernelforge import interpreter
+from kernelforge.devices import interpreter
 from kernelforge.block import Shape, Tolerance
 from kernelforge.template import Template
-from kernelforge.verify import compare
+from kernelforge.execute.verify import compare
 from kernel_helpers import module_at, run_once
 
 REPO = Path(__file__).resolve().parents[1]

@@ -15,9 +15,9 @@ import torch
 from kernelforge.block import DISTRIBUTIONS, DTYPES, Shape
 from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
-from kernelforge.evaluate import load_candidate
+from kernelforge.execute.evaluate import load_candidate
 from kernelforge.result import Status
-from kernelforge.verify import verify
+from kernelforge.execute.verify import verify
 
 KERNELS = Path(__file__).resolve().parents[1] / "kernels"
 CATALOG = Catalog.discover(KERNELS)
@@ -114,7 +114,7 @@ def test_template_verifies_at_the_corners_of_its_space(template_id, point):
 @pytest.mark.aot
 @pytest.mark.parametrize("template_id", TEMPLATE_IDS)
 def test_template_compiles_for_sm90_at_its_baseline_point(template_id):
-    from kernelforge.aot import compile_candidate
+    from kernelforge.compile.aot import compile_candidate
 
     template = CATALOG.template(template_id)
     report = compile_candidate(Candidate.from_template(template).source, template.block_id, KERNELS, "bfloat16", "sm_90")

@@ -13,12 +13,12 @@ from click.testing import CliRunner
 
 from kernelforge.catalog import Catalog
 from kernelforge.cli import main
-from kernelforge.export import VLLM_KEYS, vllm_file_name
+from kernelforge.report.export import VLLM_KEYS, vllm_file_name
 from kernelforge.job import load_job
-from kernelforge.progress import Progress
-from kernelforge.report import collect
-from kernelforge.search import Search
-from kernelforge.store import Store
+from kernelforge.search.progress import Progress
+from kernelforge.report.report import collect
+from kernelforge.search.loop import Search
+from kernelforge.store.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = ROOT / "kernels"

@@ -24,10 +24,10 @@ from kernelforge.catalog import Catalog
 from kernelforge.cli import main
 from kernelforge.errors import UserError
 from kernelforge.job import load_job
-from kernelforge.progress import Progress
+from kernelforge.search.progress import Progress
 from kernelforge.result import Status
-from kernelforge.search import Search
-from kernelforge.store import Store
+from kernelforge.search.loop import Search
+from kernelforge.store.store import Store
 
 pytestmark = pytest.mark.interpreter
 
@@ -183,7 +183,7 @@ def test_a_second_search_of_a_job_refuses_while_the_first_lives_and_takes_over_w
     url = f"sqlite:///{tmp_path / 'kf.db'}"
     store = Store(url)
     holder = subprocess.Popen(
-        [sys.executable, "-c", f"import time\nfrom kernelforge.store import Store\nStore({url!r}).acquire_job_lock('toy')\n"
+        [sys.executable, "-c", f"import time\nfrom kernelforge.store.store import Store\nStore({url!r}).acquire_job_lock('toy')\n"
                                "print('held', flush=True)\ntime.sleep(600)\n"],
         stdout=subprocess.PIPE, text=True)
     try:

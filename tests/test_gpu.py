@@ -14,10 +14,10 @@ import torch
 
 from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
-from kernelforge.device import CudaDevice
-from kernelforge.evaluate import load_candidate
+from kernelforge.devices.device import CudaDevice
+from kernelforge.execute.evaluate import load_candidate
 from kernelforge.result import Status
-from kernelforge.verify import verify
+from kernelforge.execute.verify import verify
 
 pytestmark = [
     pytest.mark.gpu,
@@ -65,7 +65,7 @@ def test_event_timing_is_consistent_with_wall_time():
 def test_aot_registers_match_the_jit(block_id):
     """The AOT signature must specialise like the JIT: compile the same baseline both ways on the
     block's compile shape and compare registers per kernel."""
-    from kernelforge import aot
+    from kernelforge.compile import aot
 
     block = CATALOG.block(block_id)
     source = Candidate.from_template(CATALOG.baseline(block_id)).source

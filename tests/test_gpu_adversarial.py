@@ -14,11 +14,11 @@ import torch
 from kernelforge.block import Block, Counts, Shape, generator, random_tensor
 from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
-from kernelforge.device import CudaDevice
-from kernelforge.evaluate import ROOFLINE_FLAG, InProcessExecutor
-from kernelforge.policy import check_source
+from kernelforge.devices.device import CudaDevice
+from kernelforge.execute.evaluate import ROOFLINE_FLAG, InProcessExecutor
+from kernelforge.execute.policy import check_source
 from kernelforge.result import Status
-from kernelforge.worker import WorkerExecutor
+from kernelforge.execute.worker import WorkerExecutor
 
 pytestmark = [
     pytest.mark.gpu,

@@ -1,6 +1,6 @@
 """bf16 (and fp8 cast) correctness of Triton's CPU interpreter with kernelforge's patch.
 
-conftest.py has already called ``kernelforge.interpreter.enable()``, so the kernels below are
+conftest.py has already called ``kernelforge.devices.interpreter.enable()``, so the kernels below are
 interpreted and the patch is in place. References are torch on CPU: torch's bf16 arithmetic
 computes in fp32 and rounds to nearest even, which is what the GPU's bf16 instructions give.
 The last tests check the guard, and (strict xfail) that the unpatched upstream bug still exists.
@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelforge import interpreter
+from kernelforge.devices import interpreter
 
 pytestmark = pytest.mark.interpreter
 
@@ -412,7 +412,7 @@ def test_import_and_enable_work_without_triton():
     code = textwrap.dedent("""
         import sys
         sys.modules["triton"] = None  # as if triton were absent or unimportable
-        import kernelforge.interpreter as I
+        import kernelforge.devices.interpreter as I
         assert I.patch_bf16() is False and I.needs_bf16_fix() is False and I.is_patched() is False
         I.enable()
         print("ok")

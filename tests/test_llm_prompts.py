@@ -12,9 +12,9 @@ from kernelforge.catalog import Catalog
 from kernelforge.job import LLMSpec, load_job
 from kernelforge.llm.generator import LLMGenerator, SearchContext
 from kernelforge.llm.prompts import device_facts, repair_prompt, system_prompt
-from kernelforge.progress import Progress
-from kernelforge.search import Search
-from kernelforge.store import Store
+from kernelforge.search.progress import Progress
+from kernelforge.search.loop import Search
+from kernelforge.store.store import Store
 
 pytestmark = pytest.mark.interpreter
 

@@ -21,9 +21,9 @@ import pytest
 from kernelforge.catalog import Catalog
 from kernelforge.job import load_job
 from kernelforge.llm.parse import template_id_for
-from kernelforge.progress import Progress
-from kernelforge.search import Search
-from kernelforge.store import Store
+from kernelforge.search.progress import Progress
+from kernelforge.search.loop import Search
+from kernelforge.store.store import Store
 from llm_server import FAST, SLOW, Reply, ScriptedServer, demo_script, fenced
 
 pytestmark = pytest.mark.interpreter
@@ -304,7 +304,7 @@ def test_the_token_budget_stops_the_generator_not_the_search(tmp_path):
 
 def test_optuna_enqueue_puts_a_proposed_point_first_once():
     from kernelforge.space import Space
-    from kernelforge.strategy import OptunaStrategy
+    from kernelforge.strategies.strategy import OptunaStrategy
 
     space = Space.build({"BLOCK": [64, 256, 1024], "num_warps": [1, 2, 4]}, [], where="test")
     strategy = OptunaStrategy(space, seed=0, baseline={"BLOCK": 256, "num_warps": 4})

@@ -13,10 +13,10 @@ import torch
 
 from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
-from kernelforge.evaluate import load_candidate
+from kernelforge.execute.evaluate import load_candidate
 from kernelforge.result import Status
 from kernelforge.template import Template
-from kernelforge.verify import verify
+from kernelforge.execute.verify import verify
 
 pytestmark = pytest.mark.interpreter
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kernelforge.candidate import Candidate
-from kernelforge.policy import check_source
+from kernelforge.execute.policy import check_source
 from kernelforge.template import Template
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,7 +54,7 @@ BANNED = [
     ("import gc", "import gc"),
     ("import importlib", "import importlib"),
     ("import builtins", "import builtins"),
-    ("import kernelforge.verify", "import kernelforge.verify"),
+    ("import kernelforge.execute.verify", "import kernelforge.execute.verify"),
     ("import torch.nn.functional as F", "import torch.nn.functional"),
     ("from os import path", "from os import"),
     ("from torch import matmul", "torch.matmul"),

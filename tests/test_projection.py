@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kernelforge import projection as proj
-from kernelforge.projection import Measured
+from kernelforge.report import projection as proj
+from kernelforge.report.projection import Measured
 
 MOE = proj.MOE_BLOCK
 PRE = proj.PREFILL_BLOCK

@@ -25,14 +25,14 @@ from kernelforge.block import DTYPES
 from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
 from kernelforge.cli import main
-from kernelforge.device import get_device
-from kernelforge.evaluate import evaluate
-from kernelforge.hardware import ceilings_for
+from kernelforge.devices.device import get_device
+from kernelforge.execute.evaluate import evaluate
+from kernelforge.devices.hardware import ceilings_for
 from kernelforge.job import load_job
-from kernelforge.progress import Progress
-from kernelforge.report import to_markdown, write_report
-from kernelforge.search import Search
-from kernelforge.store import Store, StoredResult, env_key
+from kernelforge.search.progress import Progress
+from kernelforge.report.report import to_markdown, write_report
+from kernelforge.search.loop import Search
+from kernelforge.store.store import Store, StoredResult, env_key
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "kernels"

@@ -14,9 +14,9 @@ import pytest
 
 from kernelforge.catalog import Catalog
 from kernelforge.job import load_job
-from kernelforge.progress import Progress
-from kernelforge.search import Search
-from kernelforge.store import Store
+from kernelforge.search.progress import Progress
+from kernelforge.search.loop import Search
+from kernelforge.store.store import Store
 
 pytestmark = pytest.mark.interpreter
 
@@ -155,8 +155,8 @@ def test_killed_search_resumes_to_the_full_budget(tmp_path, sig):
 
 
 def test_confirmation_retimes_the_best_against_the_baseline_and_reports_it(tmp_path):
-    from kernelforge.confirm import confirm
-    from kernelforge.report import collect, to_markdown
+    from kernelforge.search.confirm import confirm
+    from kernelforge.report.report import collect, to_markdown
 
     job, store, _, _ = run_search(tmp_path, job_file(tmp_path, strategy="grid", evaluations=3))
     baseline_id = next(c.id for c in store.candidates() if c.origin == "baseline")
@@ -169,7 +169,7 @@ def test_confirmation_retimes_the_best_against_the_baseline_and_reports_it(tmp_p
     search = Search(job, catalog, store, Recorder(), compile_enabled=False)
     search.device.prepare()
     search.env = search.device.describe()
-    from kernelforge.store import env_key
+    from kernelforge.store.store import env_key
 
     search.env_key = env_key(search.env)
     search._baseline_candidate(catalog.block("toy/axpy"))

@@ -10,7 +10,7 @@ import pytest
 from kernelforge.candidate import Candidate
 from kernelforge.errors import UserError
 from kernelforge.result import Status
-from kernelforge.store import Store, StoredResult, env_key
+from kernelforge.store.store import Store, StoredResult, env_key
 
 
 def candidate(source: str = "def run(out):\n    pass\n") -> Candidate:

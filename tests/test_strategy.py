@@ -8,7 +8,7 @@ import pytest
 
 from kernelforge.errors import UserError
 from kernelforge.space import Space
-from kernelforge.strategy import (
+from kernelforge.strategies.strategy import (
     STRATEGY_NAMES,
     OptunaStrategy,
     RandomStrategy,
@@ -263,7 +263,7 @@ def test_importing_strategy_does_not_import_optuna():
     import sys
 
     code = (
-        "import sys, kernelforge.strategy, kernelforge.strategy_bench, kernelforge.recorded; "
+        "import sys, kernelforge.strategies.strategy, kernelforge.strategies.bench, kernelforge.strategies.recorded; "
         "assert 'optuna' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from kernelforge.errors import UserError
-from kernelforge.recorded import load_kernel_tuner_cache
-from kernelforge.strategy_bench import THRESHOLDS, bench, format_table
+from kernelforge.strategies.recorded import load_kernel_tuner_cache
+from kernelforge.strategies.bench import THRESHOLDS, bench, format_table
 
 SPACES = Path("/work/shared/data/tuning-spaces")
 for candidate in (Path(__file__).resolve().parents[1] / "shared" / "data" / "tuning-spaces", SPACES):

@@ -12,10 +12,10 @@ import torch
 from kernelforge.block import TOLERANCES
 from kernelforge.catalog import Catalog
 from kernelforge.candidate import Candidate
-from kernelforge.device import InterpretDevice
-from kernelforge.evaluate import evaluate, load_candidate
+from kernelforge.devices.device import InterpretDevice
+from kernelforge.execute.evaluate import evaluate, load_candidate
 from kernelforge.result import Status
-from kernelforge.verify import HarnessError, compare, verify, verify_shape
+from kernelforge.execute.verify import HarnessError, compare, verify, verify_shape
 
 pytestmark = pytest.mark.interpreter
 

@@ -16,11 +16,11 @@ import torch
 
 from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
-from kernelforge.device import InterpretDevice
+from kernelforge.devices.device import InterpretDevice
 from kernelforge.errors import UserError
-from kernelforge.evaluate import held_out_shapes
+from kernelforge.execute.evaluate import held_out_shapes
 from kernelforge.result import Status
-from kernelforge.worker import WorkerExecutor, default_memory_limit, scrubbed_environment
+from kernelforge.execute.worker import WorkerExecutor, default_memory_limit, scrubbed_environment
 
 pytestmark = pytest.mark.interpreter
 
@@ -135,11 +135,11 @@ def test_a_killed_caller_takes_its_worker_with_it(tmp_path):
     script = tmp_path / "caller.py"
     script.write_text(f"""
 import sys, torch
-from kernelforge import interpreter
+from kernelforge.devices import interpreter
 interpreter.enable()
 from kernelforge.catalog import Catalog
-from kernelforge.device import InterpretDevice
-from kernelforge.worker import WorkerExecutor
+from kernelforge.devices.device import InterpretDevice
+from kernelforge.execute.worker import WorkerExecutor
 block = Catalog.discover({str(FIXTURES)!r}).block("toy/axpy")
 ex = WorkerExecutor(InterpretDevice(), run_timeout=600)
 print(ex.probe()["pid"], flush=True)
@@ -172,7 +172,7 @@ def test_a_killed_search_takes_its_compile_pool_with_it(tmp_path):
     script = tmp_path / "caller.py"
     script.write_text(f"""
 import time
-from kernelforge.worker import SandboxedCompilePool
+from kernelforge.execute.worker import SandboxedCompilePool
 
 if __name__ == "__main__":  # the pool spawns processes that import this file
     pool = SandboxedCompilePool(max_workers=1)

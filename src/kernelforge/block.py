@@ -23,7 +23,7 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
-from .errors import UserError
+from kernelforge.errors import UserError
 
 #: Value distributions every block's input generator understands. ``normal``: unit normal;
 #: ``large``: normal scaled up (exercises overflow in exp/accumulators); ``outliers``: normal with

@@ -16,7 +16,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Mapping
 
-from .template import Template
+from kernelforge.template import Template
 
 ORIGINS = ("baseline", "optuna", "grid", "llm", "manual")
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from .block import Block
-from .errors import UserError
-from .template import TEMPLATE_SUFFIX, Template
+from kernelforge.block import Block
+from kernelforge.errors import UserError
+from kernelforge.template import TEMPLATE_SUFFIX, Template
 
 
 def default_kernels_root() -> Path:

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .errors import UserError
+from kernelforge.errors import UserError
 
 # Logs and CI are not terminals: give tables room instead of rich's 80-column default.
 _WIDTH = None if sys.stdout.isatty() else 160
@@ -29,13 +29,13 @@ INTERPRETER_FLOP_LIMIT = 5e10
 
 
 def _catalog(ctx: click.Context):
-    from .catalog import Catalog
+    from kernelforge.catalog import Catalog
 
     return Catalog.discover(ctx.obj.get("kernels"))
 
 
 def _parse_params(pairs: tuple[str, ...]) -> dict[str, Any]:
-    from .space import parse_value
+    from kernelforge.space import parse_value
 
     params: dict[str, Any] = {}
     for pair in pairs:
@@ -47,7 +47,7 @@ def _parse_params(pairs: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _dtype(name: str):
-    from .block import DTYPES
+    from kernelforge.block import DTYPES
 
     if name not in DTYPES:
         raise UserError(f"--dtype {name!r} is not one of {', '.join(DTYPES)}")
@@ -133,10 +133,10 @@ def check(ctx: click.Context, names: tuple[str, ...], device_name: str | None, s
     NAMES are block ids (meaning their baseline template) or template ids; none means every block.
     PARAM=VALUE arguments override the baseline point.
     """
-    from .candidate import Candidate
-    from .device import default_device_name, get_device
-    from .evaluate import evaluate
-    from .result import format_seconds
+    from kernelforge.candidate import Candidate
+    from kernelforge.devices.device import default_device_name, get_device
+    from kernelforge.execute.evaluate import evaluate
+    from kernelforge.result import format_seconds
 
     point_args = tuple(n for n in names if "=" in n)
     names = tuple(n for n in names if "=" not in n)
@@ -226,8 +226,8 @@ def _write_json(path: Path, payload: dict[str, Any]) -> None:
 @click.pass_context
 def compile_(ctx: click.Context, template_id: str, params: tuple[str, ...], target: str | None, dtype_name: str) -> None:
     """Compile TEMPLATE ahead of time for a GPU target (no GPU needed) and print its resources."""
-    from . import aot
-    from .candidate import Candidate
+    from kernelforge.compile import aot
+    from kernelforge.candidate import Candidate
 
     catalog = _catalog(ctx)
     template = catalog.resolve(template_id)
@@ -254,7 +254,7 @@ def compile_(ctx: click.Context, template_id: str, params: tuple[str, ...], targ
 def _load_job(ctx: click.Context, job_file: str, storage: str | None):
     from dataclasses import replace
 
-    from .job import load_job
+    from kernelforge.job import load_job
 
     catalog = _catalog(ctx)
     job = load_job(job_file, catalog)
@@ -286,11 +286,11 @@ def search(ctx: click.Context, job_file: str, storage: str | None, device_name: 
            progress_mode: str | None, no_compile: bool, report: bool, llm_mode: str | None,
            llm_model: str | None, llm_key_env: str | None, in_process: bool = False) -> None:
     """Run (or resume) the search described by JOB_FILE; rerunning continues where it stopped."""
-    from .job import require_llm_endpoint
-    from .progress import make_progress
-    from .report import write_report
-    from .search import Search
-    from .store import Store
+    from kernelforge.job import require_llm_endpoint
+    from kernelforge.search.progress import make_progress
+    from kernelforge.report.report import write_report
+    from kernelforge.search.loop import Search
+    from kernelforge.store.store import Store
 
     job, catalog = _load_job(ctx, job_file, storage)
     job = _with_llm(job, llm_mode, llm_model, llm_key_env)
@@ -324,7 +324,7 @@ def _with_llm(job, mode: str | None, model: str | None, key_env: str | None):
     """The job with the command line's --llm options applied (see ``search --help``)."""
     from dataclasses import replace
 
-    from .job import LLMSpec, check_base_url, parse_llm
+    from kernelforge.job import LLMSpec, check_base_url, parse_llm
 
     if mode is None and model is None and key_env is None:
         return job
@@ -366,8 +366,8 @@ def _with_llm(job, mode: str | None, model: str | None, key_env: str | None):
 def report(ctx: click.Context, job_file: str, storage: str | None, compare_file: str | None,
            compare_storage: str | None) -> None:
     """Write reports/<job>/REPORT.md, results.json and index.html from the stored results of JOB_FILE."""
-    from .report import collect, write_compare, write_report
-    from .store import Store
+    from kernelforge.report.report import collect, write_compare, write_report
+    from kernelforge.store.store import Store
 
     job, catalog = _load_job(ctx, job_file, storage)
     store = Store(job.storage_url, create=False)
@@ -394,8 +394,8 @@ def report(ctx: click.Context, job_file: str, storage: str | None, compare_file:
 @click.pass_context
 def export(ctx: click.Context, job_file: str, fmt: str, out_dir: str | None, storage: str | None) -> None:
     """Export the winners of JOB_FILE for vLLM, as a Triton module, or as sources."""
-    from .export import export as run_export
-    from .store import Store
+    from kernelforge.report.export import export as run_export
+    from kernelforge.store.store import Store
 
     job, catalog = _load_job(ctx, job_file, storage)
     store = Store(job.storage_url, create=False)
@@ -415,8 +415,8 @@ def export(ctx: click.Context, job_file: str, fmt: str, out_dir: str | None, sto
 def strategy_bench(space_file: str, strategies: str, seeds: int, budget: int) -> None:
     """Compare search strategies on a recorded tuning space (a Kernel Tuner cache file): evaluations
     needed to get within 1%, 5% and 10% of the space's optimum, over SEEDS seeds."""
-    from .recorded import load_kernel_tuner_cache
-    from .strategy_bench import bench, format_table
+    from kernelforge.strategies.recorded import load_kernel_tuner_cache
+    from kernelforge.strategies.bench import bench, format_table
 
     space = load_kernel_tuner_cache(space_file)
     names = [n.strip() for n in strategies.split(",") if n.strip()]
@@ -433,7 +433,7 @@ def _yes(flag: bool | None) -> str:
 @click.pass_context
 def new(ctx: click.Context, name: str) -> None:
     """Scaffold template BLOCK/NAME from the block's baseline, ready to edit."""
-    from .template import TEMPLATE_SUFFIX, Template
+    from kernelforge.template import TEMPLATE_SUFFIX, Template
 
     catalog = _catalog(ctx)
     block_id, _, stem = name.rpartition("/")

@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from .block import DTYPES
-from .errors import UserError
+from kernelforge.block import DTYPES
+from kernelforge.errors import UserError
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kernelforge.block import Counts, Shape
 
 
 class Status(str, Enum):
@@ -66,6 +69,20 @@ class Timing:
     @property
     def is_gpu(self) -> bool:
         return self.method.startswith("cuda")
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What one candidate did on one shape."""
+
+    shape: "Shape"
+    verification: Verification
+    counts: "Counts"
+    timing: "Timing | None" = None
+
+    @property
+    def status(self) -> Status:
+        return self.verification.status
 
 
 def format_seconds(seconds: float) -> str:

@@ -14,7 +14,7 @@ import operator
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
-from .errors import UserError
+from kernelforge.errors import UserError
 
 Point = Mapping[str, Any]
 

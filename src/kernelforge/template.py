@@ -40,8 +40,8 @@ from typing import Any, Mapping
 import jinja2
 from jinja2 import meta
 
-from .errors import TemplateError
-from .space import Space
+from kernelforge.errors import TemplateError
+from kernelforge.space import Space
 
 if sys.version_info >= (3, 11):
     import tomllib

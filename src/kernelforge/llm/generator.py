@@ -27,14 +27,14 @@ from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..job import LLMSpec, redact_url
-from .client import Attempt, ChatClient, Exchange, OpenAIChatClient
-from .parse import Parsed, parse_answer
-from .prompts import device_facts, new_prompt, repair_prompt, resources, standings, system_prompt
+from kernelforge.job import LLMSpec, redact_url
+from kernelforge.llm.client import Attempt, ChatClient, Exchange, OpenAIChatClient
+from kernelforge.llm.parse import Parsed, parse_answer
+from kernelforge.llm.prompts import device_facts, new_prompt, repair_prompt, resources, standings, system_prompt
 
 if TYPE_CHECKING:
-    from ..search import Search
-    from ..template import Template
+    from kernelforge.search.loop import Search
+    from kernelforge.template import Template
 
 #: What a response can become, beyond the evaluation statuses (ok, wrong, compile_error, ...).
 ANSWER_FAILURES = ("no_code", "truncated", "invalid_template", "invalid_points")
@@ -47,14 +47,14 @@ MAX_FAILED_REQUESTS = 3
 
 
 class PolicyUnavailable(RuntimeError):
-    """kernelforge.policy cannot be imported: LLM-written code is never run without it."""
+    """kernelforge.execute.policy cannot be imported: LLM-written code is never run without it."""
 
 
 def _check_source():
     try:
-        from ..policy import check_source
+        from kernelforge.execute.policy import check_source
     except ImportError as exc:
-        raise PolicyUnavailable(f"kernelforge.policy cannot be imported ({exc}); LLM-written code never runs "
+        raise PolicyUnavailable(f"kernelforge.execute.policy cannot be imported ({exc}); LLM-written code never runs "
                                 "without the static policy check") from None
     return check_source
 

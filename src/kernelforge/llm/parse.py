@@ -14,9 +14,9 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..candidate import source_id
-from ..errors import TemplateError
-from ..template import Template
+from kernelforge.candidate import source_id
+from kernelforge.errors import TemplateError
+from kernelforge.template import Template
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -19,12 +19,12 @@ from typing import Any, Iterable
 
 import jinja2
 
-from ..analysis import by_candidate, rank, speedup
-from ..block import Block, Shape
-from ..result import format_seconds
+from kernelforge.objective import by_candidate, rank, speedup
+from kernelforge.block import Block, Shape
+from kernelforge.result import format_seconds
 
 _ENV = jinja2.Environment(
-    loader=jinja2.PackageLoader("kernelforge", "prompts"),
+    loader=jinja2.PackageLoader("kernelforge.llm", "templates"),
     undefined=jinja2.StrictUndefined,
     trim_blocks=True,
     lstrip_blocks=True,
@@ -49,7 +49,7 @@ def system_prompt() -> str:
 
 @functools.lru_cache(maxsize=32)
 def _facts(block_type: type, block_id: str, dtype_name: str) -> dict[str, Any]:
-    from ..block import DTYPES
+    from kernelforge.block import DTYPES
 
     module = inspect.getmodule(block_type)
     docs = [d for d in (module.__doc__ if module else None, block_type.__doc__) if d]
@@ -130,7 +130,7 @@ def resources(store, candidate_ids: Iterable[str], target: str | None, dtype: st
 def device_facts(env: dict[str, Any], block: Block, shapes: list[Shape], dtype, baseline_times: dict[str, float]
                  ) -> dict[str, Any]:
     """What the model should know about the device: its ceilings and the baseline's place under them."""
-    from ..hardware import ceilings_for
+    from kernelforge.devices.hardware import ceilings_for
 
     device = env.get("device", "")
     timing = env.get("timing") or ("interpreter wall time" if device == "interpret" else "GPU time")

@@ -1,8 +1,8 @@
 """The HTML report: one self-contained page per job (``reports/<job>/index.html``) and a compare page
-for two jobs, rendered from the data of :func:`kernelforge.report.collect` (nothing else is read).
+for two jobs, rendered from the data of :func:`kernelforge.report.report.collect` (nothing else is read).
 
 Self-contained means it opens from a file with no network: CSS inline, charts inline SVG (see
-:mod:`kernelforge.svg`), no JavaScript. The Jinja templates live in ``report_templates/``.
+:mod:`kernelforge.report.svg`), no JavaScript. The Jinja templates live in ``report/templates/``.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup
 
-from . import svg
-from .report import (confirmed_text, env_title, fmt_delta, fmt_rate, fmt_speedup, fmt_time, params_text,
+from kernelforge.report import svg
+from kernelforge.report.report import (confirmed_text, env_title, fmt_delta, fmt_rate, fmt_speedup, fmt_time, params_text,
                      roofline_cells)
 
 
 def _env() -> Environment:
-    env = Environment(loader=PackageLoader("kernelforge", "report_templates"),
+    env = Environment(loader=PackageLoader("kernelforge.report", "templates"),
                       autoescape=select_autoescape(["html", "j2"], default=True),
                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters.update(time=fmt_time, delta=fmt_delta, rate=fmt_rate, speedup=fmt_speedup, params=params_text,
@@ -123,7 +123,7 @@ def render_html(data: dict[str, Any]) -> str:
 
 
 def render_compare(cmp: dict[str, Any]) -> str:
-    """The compare page of two jobs from :func:`kernelforge.report.compare`."""
+    """The compare page of two jobs from :func:`kernelforge.report.report.compare`."""
     blocks = []
     for blk in cmp["blocks"]:
         labels = [r["shape"] for r in blk["rows"]]

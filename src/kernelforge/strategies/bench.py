@@ -1,6 +1,6 @@
 """Compare strategies on a recorded GPU space: evaluations needed to get within x% of the optimum.
 
-Each strategy runs its ask/tell loop against a :class:`~kernelforge.recorded.RecordedSpace` (replay:
+Each strategy runs its ask/tell loop against a :class:`~kernelforge.strategies.recorded.RecordedSpace` (replay:
 lookups only, no device) for a budget of evaluations, once per seed. An evaluation is an ask that
 returned a point (a failed or unrecorded configuration counts: on a device it would have cost a
 compile); proposals a strategy settles internally (duplicates, constraint violations) are free.
@@ -23,8 +23,8 @@ import time
 from dataclasses import dataclass
 from typing import Mapping
 
-from .recorded import RecordedSpace
-from .strategy import make_strategy
+from kernelforge.strategies.recorded import RecordedSpace
+from kernelforge.strategies.strategy import make_strategy
 
 #: Thresholds: "within 1%" means best <= optimum * 1.01.
 THRESHOLDS = (0.01, 0.05, 0.10)

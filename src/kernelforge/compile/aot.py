@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from .errors import UserError
+from kernelforge.errors import UserError
 
 # Nothing here imports triton at module level: this module is imported (by unpickling) in the
 # compile child before the child has removed TRITON_INTERPRET, and triton must not see the flag.
@@ -676,9 +676,9 @@ def compile_here(source: str, block_id: str, kernels_root: str | Path, dtype_nam
     tgt = parse_target(target)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("compile_here needs a process without TRITON_INTERPRET; use compile_candidate")
-    from .block import DTYPES
-    from .candidate import load_module
-    from .catalog import Catalog
+    from kernelforge.block import DTYPES
+    from kernelforge.candidate import load_module
+    from kernelforge.catalog import Catalog
 
     block = Catalog.discover(kernels_root).block(block_id)
     if dtype_name not in DTYPES:
@@ -743,7 +743,7 @@ def compile_here(source: str, block_id: str, kernels_root: str | Path, dtype_nam
 
 
 def _dtype_name(dtype: Any) -> str:
-    from .block import DTYPES
+    from kernelforge.block import DTYPES
 
     if isinstance(dtype, str):
         name = dtype.removeprefix("torch.")
@@ -782,7 +782,7 @@ def _environment_probe() -> dict:
     """What a compile child sees (for tests): the interpreter flag, whether triton was imported
     before the child's entry (by spawn re-importing the parent's main module), and the class
     ``@triton.jit`` produces there."""
-    from .candidate import load_module
+    from kernelforge.candidate import load_module
 
     module = load_module("import triton\n\n\n@triton.jit\ndef _probe(x):\n    pass\n", "probe")
     return {
@@ -886,7 +886,9 @@ def _pool_initializer() -> None:
     import triton.compiler  # noqa: F401
     import triton.runtime.jit  # noqa: F401
 
-    from . import block, candidate, catalog  # noqa: F401
+    from kernelforge import block
+    from kernelforge import candidate
+    from kernelforge import catalog
 
 
 def _pool_task(args: tuple, timeout: float) -> CompileReport:

@@ -7,7 +7,7 @@ import math
 from collections import defaultdict
 from typing import Iterable
 
-from .store import StoredResult
+from kernelforge.store.store import StoredResult
 
 
 def by_candidate(results: Iterable[StoredResult]) -> dict[str, dict[str, StoredResult]]:

@@ -28,9 +28,9 @@ from typing import Any, Iterable
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, OperationalError, DatabaseError
 
-from .candidate import Candidate
-from .errors import UserError
-from .result import Status
+from kernelforge.candidate import Candidate
+from kernelforge.errors import UserError
+from kernelforge.result import Status
 
 SCHEMA_VERSION = 1
 APPLICATION = "kernelforge"

@@ -21,8 +21,8 @@ import random
 from abc import ABC, abstractmethod
 from typing import Any, Iterator, Mapping
 
-from .errors import UserError
-from .space import Space
+from kernelforge.errors import UserError
+from kernelforge.space import Space
 
 Key = tuple[Any, ...]
 

@@ -16,7 +16,7 @@
 Every export also writes ``kernelforge-export-<format>.json`` (one per format, so exports of several
 formats can share the default folder): which job, device and versions, and for each
 exported entry the candidate, its speedup and whether the confirmation re-timing backed it.
-Only stored data is exported: winners are the report's winners (:func:`kernelforge.report.collect`).
+Only stored data is exported: winners are the report's winners (:func:`kernelforge.report.report.collect`).
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .catalog import Catalog
-from .errors import UserError
-from .hardware import timed_device_name
-from .job import Job
-from .store import Store
+from kernelforge.catalog import Catalog
+from kernelforge.errors import UserError
+from kernelforge.devices.hardware import timed_device_name
+from kernelforge.job import Job
+from kernelforge.store.store import Store
 
 FORMATS = ("vllm", "triton", "source")
 
@@ -196,7 +196,7 @@ def source_files(data: dict[str, Any], store: Store) -> tuple[dict[str, str], li
 def export(job: Job, catalog: Catalog, store: Store, fmt: str, out: Path | None = None) -> tuple[list[Path], list[str]]:
     """Write the export of ``fmt`` into ``out`` (default reports/<job>/export/); returns the written
     files and notes (skipped shapes, caveats)."""
-    from .report import collect
+    from kernelforge.report.report import collect
 
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")

@@ -1,5 +1,5 @@
 """Reports of a search, built only from stored measurements: ``REPORT.md``, ``results.json`` and the
-self-contained ``index.html`` (see :mod:`kernelforge.report_html`).
+self-contained ``index.html`` (see :mod:`kernelforge.report.html`).
 
 Per block and shape: the baseline's time, the winner's time, the speedup with its spread (from the
 interleaved confirmation pairs when the search confirmed it, else from the two timing bands),
@@ -20,14 +20,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from . import projection as proj
-from .analysis import by_candidate, geomean, rank, speedup, speedup_spread
-from .catalog import Catalog
-from .errors import UserError
-from .hardware import Ceilings, assess, ceilings_for, timed_device_name
-from .job import Job
-from .result import format_seconds
-from .store import Store, StoredResult
+from kernelforge.report import projection as proj
+from kernelforge.objective import by_candidate, geomean, rank, speedup, speedup_spread
+from kernelforge.catalog import Catalog
+from kernelforge.errors import UserError
+from kernelforge.devices.hardware import Ceilings, assess, ceilings_for, timed_device_name
+from kernelforge.job import Job
+from kernelforge.result import format_seconds
+from kernelforge.store.store import Store, StoredResult
 
 #: Said when a job measured none of the shapes a projection needs (e.g. the demo's smoke shapes).
 NOTHING_PROJECTED = ("**Nothing is projected:** this job measured none of the GPT-OSS preset shapes the projection "
@@ -77,7 +77,7 @@ def _compiles(store: Store, ids: list[str], dtype: str) -> list[dict[str, Any]]:
     """kf_compiles rows of these candidates (every target), read-only."""
     import sqlalchemy as sa
 
-    from .store import compiles_table
+    from kernelforge.store.store import compiles_table
 
     if not ids:
         return []
@@ -129,7 +129,7 @@ def _progress(order: list[str], table: dict[str, dict[str, StoredResult]], basel
 
 def collect(job: Job, catalog: Catalog, store: Store) -> dict[str, Any]:
     """Everything the report shows, as plain data (this is results.json)."""
-    from .candidate import Candidate
+    from kernelforge.candidate import Candidate
 
     confirmations = store.confirmations(job.name)
     blocks = []
@@ -285,7 +285,7 @@ def _roofline_meta(env: dict[str, Any], ceilings: Ceilings | None) -> dict[str, 
                         "FLOP and byte counts over interpreter time: not GPU speed, not a percent of any roofline."}
     if ceilings is None:
         return {"device": device, "ceilings": None,
-                "note": f"{device}: no known ceilings in kernelforge.hardware; add the device there to get "
+                "note": f"{device}: no known ceilings in kernelforge.devices.hardware; add the device there to get "
                         "percent of roofline."}
     return {"device": device, "ceilings": asdict(ceilings),
             "note": (f"{device} ({ceilings.name}): percent of roofline against "
@@ -296,7 +296,7 @@ def _roofline_meta(env: dict[str, Any], ceilings: Ceilings | None) -> dict[str, 
 
 
 def collect_projection(blocks: list[dict[str, Any]], catalog: Catalog) -> dict[str, Any]:
-    """The model-level projection (see :mod:`kernelforge.projection`) from the collected blocks."""
+    """The model-level projection (see :mod:`kernelforge.report.projection`) from the collected blocks."""
     measured: dict[tuple[str, str], proj.Measured] = {}
     devices: dict[str, str] = {}
     for b in blocks:
@@ -601,7 +601,7 @@ def _joules(value: float | None) -> str:
 def write_report(job: Job, catalog: Catalog, store: Store, folder: Path | None = None) -> Path:
     """Write REPORT.md, results.json and index.html into ``folder`` (default reports/<job>/);
     returns the path of REPORT.md."""
-    from .report_html import render_html
+    from kernelforge.report.html import render_html
 
     folder = folder or job.report_dir
     data = collect(job, catalog, store)
@@ -709,7 +709,7 @@ def compare_markdown(cmp: dict[str, Any]) -> str:
 
 def write_compare(a: dict[str, Any], b: dict[str, Any], folder: Path = Path("reports")) -> tuple[str, Path]:
     """Write reports/compare-<a>-vs-<b>.html; returns (Markdown text, HTML path)."""
-    from .report_html import render_compare
+    from kernelforge.report.html import render_compare
 
     cmp = compare(a, b)
     path = folder / f"compare-{a['job']}-vs-{b['job']}.html"

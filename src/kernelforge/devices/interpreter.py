@@ -59,7 +59,7 @@ stored as uint16 and a behaviour probe on the *original* methods (1 + 1, an fp32
 only then, and only if every method it wraps exists with the expected arity; otherwise, or if
 the post-patch self-test fails (the patch is then rolled back), it warns with
 :class:`InterpreterPatchWarning` and leaves the interpreter alone. It never raises. Nothing here
-imports triton at module import time, so ``import kernelforge.interpreter`` works on any Triton
+imports triton at module import time, so ``import kernelforge.devices.interpreter`` works on any Triton
 (3.6 on the GPU machine) or none. When upstream fixes the bug, the probe says so and the patch
 is skipped; ``tests/test_interpreter_bf16.py`` has a strict xfail test that then XPASSes, telling
 us to delete this module's patch.
@@ -453,7 +453,7 @@ def _make_patch(interp: Any) -> dict[str, tuple[type, str, Callable]]:
             fn = make(orig)
             fn.__name__ = name
             fn.__qualname__ = f"InterpreterBuilder.{name}"
-            fn.__doc__ = f"kernelforge bf16 fix around the interpreter's {name} (see kernelforge.interpreter)."
+            fn.__doc__ = f"kernelforge bf16 fix around the interpreter's {name} (see kernelforge.devices.interpreter)."
             new[f"InterpreterBuilder.{name}"] = (builder_cls, name, fn)
             return fn
 

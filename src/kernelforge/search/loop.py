@@ -21,16 +21,17 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from .block import DTYPES, Block, Shape
-from .candidate import Candidate
-from .catalog import Catalog
-from .errors import UserError
-from .evaluate import Evaluation, InProcessExecutor
-from .job import Job
-from .progress import Progress
-from .result import Status, Verification
-from .store import Store, StoredResult, env_key
-from .template import Template
+from kernelforge.block import DTYPES, Block, Shape
+from kernelforge.candidate import Candidate
+from kernelforge.catalog import Catalog
+from kernelforge.errors import UserError
+from kernelforge.execute.evaluate import InProcessExecutor
+from kernelforge.result import Evaluation
+from kernelforge.job import Job
+from kernelforge.search.progress import Progress
+from kernelforge.result import Status, Verification
+from kernelforge.store.store import Store, StoredResult, env_key
+from kernelforge.template import Template
 
 #: How many candidates are compiled ahead of the one on the device.
 PREFETCH = 2
@@ -95,10 +96,10 @@ class _RenderError(Exception):
 def make_device(name: str):
     """The device of a job: ``cuda``, ``interpret`` or ``replay:PATH``."""
     if name.startswith("replay:"):
-        from .replay import ReplayDevice
+        from kernelforge.execute.replay import ReplayDevice
 
         return ReplayDevice(name.split(":", 1)[1])
-    from .device import get_device
+    from kernelforge.devices.device import get_device
 
     return get_device(name)
 
@@ -129,12 +130,12 @@ class Search:
         self.dtype = DTYPES[job.dtype]
         self.device = make_device(device_name or job.device)
         # Candidates run in a worker process (crash, hang and memory isolation, no secrets:
-        # kernelforge.worker); ``in_process`` (CLI --in-process) is for debugging trusted templates.
+        # kernelforge.execute.worker); ``in_process`` (CLI --in-process) is for debugging trusted templates.
         # A replay device runs nothing.
         if in_process or self.device.name == "replay":
             self.executor = InProcessExecutor(self.device)
         else:
-            from .worker import WorkerExecutor
+            from kernelforge.execute.worker import WorkerExecutor
 
             llm = getattr(job, "llm", None)
             secrets = tuple(filter(None, [getattr(llm, "api_key_env", None)]))
@@ -153,7 +154,7 @@ class Search:
     # -- set-up --------------------------------------------------------------------------------
 
     def _studies(self) -> list[Study]:
-        from .strategy import make_strategy
+        from kernelforge.strategies.strategy import make_strategy
 
         self._llm_init()
         studies = []
@@ -237,7 +238,7 @@ class Search:
         except Exception:
             # A crashed pool worker fails every pending future, not only the culprit's: compile
             # this candidate again alone, in its own process, so the verdict is its own.
-            from .aot import compile_candidate
+            from kernelforge.compile.aot import compile_candidate
 
             report = compile_candidate(candidate.source, candidate.block_id, self.catalog.root,
                                        self.dtype_name, self.target)
@@ -305,8 +306,8 @@ class Search:
         self.env = self.device.describe()
         self.env_key = env_key(self.env)
         if self.compile_enabled:
-            from .aot import default_target, parse_target
-            from .worker import SandboxedCompilePool
+            from kernelforge.compile.aot import default_target, parse_target
+            from kernelforge.execute.worker import SandboxedCompilePool
 
             self.target = self.job.target or default_target()
             parse_target(self.target)  # a bad target is a user error before anything runs
@@ -331,7 +332,7 @@ class Search:
             self._baselines()
             self._loop(studies, outcome, deadline)
             if not outcome.stopped:
-                from .confirm import confirm
+                from kernelforge.search.confirm import confirm
 
                 outcome.winners = confirm(self)
             self.progress.event("end", message=f"done: {outcome.evaluations} evaluations, {outcome.duplicates} "
@@ -477,7 +478,7 @@ class Search:
         """The generator of this job (live or replay), or None without ``[llm]``."""
         if self.job.llm is None:
             return None
-        from .llm.generator import LLMGenerator, ReplayGenerator, SearchContext
+        from kernelforge.llm.generator import LLMGenerator, ReplayGenerator, SearchContext
 
         spec = self.job.llm
         context = SearchContext(self)
@@ -492,7 +493,7 @@ class Search:
                          spent_from_store: bool = False) -> list[Study]:
         """Studies of a generated template, one per shape group, each with a budget from the
         group's LLM reserve (its suggested point plus ``tune_evaluations``)."""
-        from .strategy import make_strategy
+        from kernelforge.strategies.strategy import make_strategy
 
         spec = next(s for s in self.job.blocks if s.id == block.id)
         shapes = block.shapes(spec.shapes)
@@ -525,8 +526,8 @@ class Search:
         """Studies of the templates the LLM wrote in earlier runs of this job (from kf_templates)."""
         if self.job.llm is None:
             return []
-        from .errors import TemplateError
-        from .llm.parse import llm_template
+        from kernelforge.errors import TemplateError
+        from kernelforge.llm.parse import llm_template
 
         studies = []
         for row in self.store.templates(block=block.id, job=self.job.name):
@@ -555,7 +556,7 @@ class Search:
             return None
         cache = self.__dict__.setdefault("_policy_cache", {})
         if candidate.id not in cache:
-            from .llm.generator import policy_problems
+            from kernelforge.llm.generator import policy_problems
 
             problems = policy_problems(candidate.source)
             cache[candidate.id] = "; ".join(problems) if problems else None
@@ -564,7 +565,7 @@ class Search:
 
     def _llm_step(self, llm, studies: list[Study]) -> None:
         """Start requests, then act on what came back: new templates and proposed points."""
-        from .llm.generator import PolicyUnavailable
+        from kernelforge.llm.generator import PolicyUnavailable
 
         llm.pump()
         for proposal in llm.poll():

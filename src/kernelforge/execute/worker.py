@@ -3,12 +3,12 @@
 A candidate can crash its process (the Triton interpreter segfaults on some out-of-bounds loads; an
 illegal memory access poisons a CUDA context for good), hang, eat memory, or try to read the
 search's secrets. :class:`WorkerExecutor` has the interface of
-:class:`kernelforge.evaluate.InProcessExecutor` (``evaluate``, ``pair_speedups``, ``close``) and
+:class:`kernelforge.execute.evaluate.InProcessExecutor` (``evaluate``, ``pair_speedups``, ``close``) and
 runs each request in one long-lived worker process per device (a fresh interpreter: it imports
 torch once, about 3 s, sets up the Triton interpreter or the CUDA context there, and serves
 candidate after candidate):
 
-- every source first passes the static policy (:mod:`kernelforge.policy`) in the parent; a
+- every source first passes the static policy (:mod:`kernelforge.execute.policy`) in the parent; a
   violation is ``rejected`` on every shape and nothing of the source runs;
 - the worker is started with ``subprocess`` and an environment stripped of secrets
   (:func:`scrubbed_environment`: names that look like keys, tokens, secrets, passwords,
@@ -40,7 +40,7 @@ which runs a candidate's host code too. Its processes are started by ``multiproc
 inherit the parent's exec environment, so there the policy (no ``open``, no ``os``) is what keeps
 ``/proc/self/environ`` out of reach.
 
-Run as ``python -m kernelforge.worker`` by :class:`WorkerExecutor` only.
+Run as ``python -m kernelforge.execute.worker`` by :class:`WorkerExecutor` only.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError
+from kernelforge.errors import UserError
 
 #: Environment variable names that look like secrets (matched case-insensitively, anywhere in the
 #: name): *_API_KEY, GITHUB_TOKEN, AWS_SECRET_ACCESS_KEY, DB_PASSWORD, ...
@@ -230,7 +230,7 @@ class WorkerExecutor:
         env["PWD"] = self._dir
         env["PYTHONFAULTHANDLER"] = "1"  # a segfault prints the Python stack (the candidate's line)
         env.pop("TRITON_INTERPRET", None)  # the worker's device decides, in prepare()
-        cmd = [sys.executable, "-m", "kernelforge.worker", str(to_child_r), str(to_parent_w), str(os.getpid()),
+        cmd = [sys.executable, "-m", "kernelforge.execute.worker", str(to_child_r), str(to_parent_w), str(os.getpid()),
                str(self.memory_limit or 0)]
         with open(self._log, "wb") as log:
             self._proc = subprocess.Popen(
@@ -368,14 +368,15 @@ class WorkerExecutor:
 
     def evaluate(self, block: Any, source: str, shapes: list, dtype: Any, *, deterministic: bool = True) -> list:
         """Verify and time ``source`` on ``shapes`` in the worker: one
-        :class:`~kernelforge.evaluate.Evaluation` per shape, in order, whatever happens to the
+        :class:`~kernelforge.execute.evaluate.Evaluation` per shape, in order, whatever happens to the
         worker (see the module docstring)."""
-        from .evaluate import Evaluation, held_out_shapes
-        from .result import Status, Verification
+        from kernelforge.execute.evaluate import held_out_shapes
+        from kernelforge.result import Evaluation
+        from kernelforge.result import Status, Verification
 
         counts = {s.name: block.counts(s, dtype) for s in shapes}
         if self.policy:
-            from .policy import check_source
+            from kernelforge.execute.policy import check_source
 
             report = check_source(source)
             if not report.ok:
@@ -416,7 +417,7 @@ class WorkerExecutor:
                     error_kind, message = rest
                     self._kill()
                     if error_kind == "HarnessError":
-                        from .verify import HarnessError
+                        from kernelforge.execute.verify import HarnessError
 
                         raise HarnessError(message)
                     if error_kind == "UserError":
@@ -436,8 +437,8 @@ class WorkerExecutor:
     def _complete(shapes: list, results: dict, counts: dict, verdict: Any, first_only: bool = False) -> list:
         """One evaluation per shape: those the worker sent, then ``verdict`` for the shape it was
         on and (not run, with a message saying so) the ones after it."""
-        from .evaluate import Evaluation
-        from .result import Verification
+        from kernelforge.result import Evaluation
+        from kernelforge.result import Verification
 
         out = []
         first = True
@@ -458,7 +459,7 @@ class WorkerExecutor:
         """Interleaved baseline/candidate speedups on one shape, in the worker; empty when the
         worker fails (the candidate is then not confirmed)."""
         if self.policy:
-            from .policy import check_source
+            from kernelforge.execute.policy import check_source
 
             if not check_source(candidate_source).ok or not check_source(baseline_source).ok:
                 return []
@@ -488,7 +489,7 @@ class WorkerExecutor:
 
 
 def _dtype_name(dtype: Any) -> str:
-    from .block import DTYPES
+    from kernelforge.block import DTYPES
 
     for name, value in DTYPES.items():
         if value == dtype or name == dtype:
@@ -523,17 +524,17 @@ def _sandbox_here(memory_limit: int | None, parent_pid: int) -> None:
 
 
 def _sandboxed_pool_initializer(memory_limit: int | None, parent_pid: int) -> None:
-    from . import aot
+    from kernelforge.compile import aot
 
     _sandbox_here(memory_limit, parent_pid)
     aot._pool_initializer()
 
 
 def _make_sandboxed_pool_class():
-    from . import aot
+    from kernelforge.compile import aot
 
     class SandboxedCompilePool(aot.CompilePool):
-        """:class:`kernelforge.aot.CompilePool` for untrusted sources: ``submit`` answers a policy
+        """:class:`kernelforge.compile.aot.CompilePool` for untrusted sources: ``submit`` answers a policy
         violation at once (a ``rejected`` compile report; nothing is run), and its processes drop
         secret-looking variables from ``os.environ``, work in a temporary directory, run under the
         worker's address-space limit and die with the search (``PR_SET_PDEATHSIG``) before any
@@ -552,7 +553,7 @@ def _make_sandboxed_pool_class():
                                           initargs=(self.memory_limit, os.getpid()))
 
         def submit(self, source: str, block_id: str, kernels_root: Any, dtype: Any, target: str | None = None) -> Future:
-            from .policy import check_source
+            from kernelforge.execute.policy import check_source
 
             report = check_source(source)
             if not report.ok:
@@ -608,10 +609,10 @@ def _serve(receive: Connection, send: Connection) -> None:
         module_name, _, class_name = device_spec[0].partition(":")
         device = getattr(importlib.import_module(module_name), class_name)(**device_spec[1])
         device.prepare()
-        from . import evaluate as evaluate_module
-        from .block import DTYPES
-        from .catalog import Catalog
-        from .verify import HarnessError
+        from kernelforge.execute import evaluate as evaluate_module
+        from kernelforge.block import DTYPES
+        from kernelforge.catalog import Catalog
+        from kernelforge.execute.verify import HarnessError
     except BaseException as exc:
         send.send(("init_error", f"{type(exc).__name__}: {exc}"))
         return
@@ -628,7 +629,7 @@ def _serve(receive: Connection, send: Connection) -> None:
 
     import threading
 
-    from .verify import harness_changes, harness_snapshot
+    from kernelforge.execute.verify import harness_changes, harness_snapshot
 
     # What a clean worker looks like: a candidate that changed it (patched a harness function,
     # left a thread running) has been judged already, but must not judge the next candidates.
@@ -710,7 +711,7 @@ def _serve(receive: Connection, send: Connection) -> None:
 
 
 def main(argv: list[str]) -> None:
-    """Entry of the worker process: ``python -m kernelforge.worker FD_IN FD_OUT PARENT_PID LIMIT``."""
+    """Entry of the worker process: ``python -m kernelforge.execute.worker FD_IN FD_OUT PARENT_PID LIMIT``."""
     fd_in, fd_out, parent_pid, limit = (int(a) for a in argv[:4])
     import resource
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from .analysis import by_candidate, rank
-from .device import quantiles
+from kernelforge.objective import by_candidate, rank
+from kernelforge.devices.device import quantiles
 
 if TYPE_CHECKING:
-    from .search import Search
+    from kernelforge.search.loop import Search
 
 #: How many of the best candidates per block are re-timed against the baseline (interpreter
 #: pairs only exercise the mechanism, so one is enough there).

@@ -7,7 +7,7 @@ order), whose ``time`` is milliseconds or a failure string (``"InvalidConfig"``,
 measures, so a file from an interrupted run ends without its closing braces: the loader keeps every
 complete record and drops the partial one.
 
-Strategies are compared on these files with no device at all (:mod:`kernelforge.strategy_bench`).
+Strategies are compared on these files with no device at all (:mod:`kernelforge.strategies.bench`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from .errors import UserError
-from .space import Space
+from kernelforge.errors import UserError
+from kernelforge.space import Space
 
 Key = tuple[Any, ...]
 

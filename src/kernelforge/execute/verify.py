@@ -18,7 +18,7 @@ running, and the host code may not compute with torch on floating-point tensors 
 ``TorchDispatchMode`` watches every torch operation outside Triton launches: allocation, copies,
 views and integer index arithmetic are allowed, ``x * alpha + y`` is not). NaN or Inf never passes.
 
-Also here, for :mod:`kernelforge.evaluate`: :func:`verify_again` re-checks a candidate on the very
+Also here, for :mod:`kernelforge.execute.evaluate`: :func:`verify_again` re-checks a candidate on the very
 buffers it was timed with after perturbing their values (phase detection, caches), and
 :func:`harness_snapshot` / :func:`harness_changes` detect a candidate that replaced functions the
 harness relies on (``torch.equal``, ``time.perf_counter``, this module's checks...).
@@ -35,8 +35,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .block import DISTRIBUTIONS, Block, Shape, Tolerance
-from .result import Status, Verification
+from kernelforge.block import DISTRIBUTIONS, Block, Shape, Tolerance
+from kernelforge.result import Status, Verification
 
 RunFn = Callable[..., Any]
 
@@ -484,8 +484,8 @@ def _harness_objects() -> list[tuple[str, Any, str]]:
     for name in ("compare", "_call", "_fingerprint", "_bits_equal", "_synchronize", "verify_shape", "verify_again",
                  "count_launches", "perturb_inputs", "_poison_free_memory", "_check_reference_spread",
                  "HostComputeGuard"):
-        items.append((f"kernelforge.verify.{name}", this, name))
-    for module_name in ("kernelforge.evaluate", "kernelforge.device", "kernelforge.worker"):
+        items.append((f"kernelforge.execute.verify.{name}", this, name))
+    for module_name in ("kernelforge.execute.evaluate", "kernelforge.devices.device", "kernelforge.execute.worker"):
         module = sys.modules.get(module_name)
         if module is None:
             continue

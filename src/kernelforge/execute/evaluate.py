@@ -1,7 +1,7 @@
 """Evaluate one candidate on a list of shapes: load, verify, then time what verified.
 
 This is the device-side stage of the flow (compile -> verify -> time); the search calls it per
-candidate (through an executor: in a worker process, :mod:`kernelforge.worker`, or in this one) and
+candidate (through an executor: in a worker process, :mod:`kernelforge.execute.worker`, or in this one) and
 stores what it returns. Timing is skipped for a shape that fails verification, and what was timed
 is verified once more afterwards (the timing phase must not be a place to cheat).
 """
@@ -14,31 +14,17 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .block import Block, Counts, Shape
-from .candidate import load_module, source_id
-from .device import Device
-from .errors import UserError
-from .result import Status, Timing, Verification
-from .verify import harness_changes, harness_snapshot, verify_again, verify_shape
+from kernelforge.block import Block, Counts, Shape
+from kernelforge.candidate import load_module, source_id
+from kernelforge.devices.device import Device
+from kernelforge.errors import UserError
+from kernelforge.result import Evaluation, Status, Timing, Verification
+from kernelforge.execute.verify import harness_changes, harness_snapshot, verify_again, verify_shape
 
 #: Input sets are rotated while timing so the L2 cache never holds the inputs; beyond this many,
 #: the device flushes L2 instead (and large sets need no help: they do not fit in L2 anyway).
 MAX_INPUT_SETS = 8
 INPUT_SET_MEMORY_BUDGET = 16 * 2**30
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """What one candidate did on one shape."""
-
-    shape: Shape
-    verification: Verification
-    counts: Counts
-    timing: Timing | None = None
-
-    @property
-    def status(self) -> Status:
-        return self.verification.status
 
 
 def load_candidate(source: str, name_hint: str = "candidate") -> tuple[Any, Verification | None]:
@@ -66,7 +52,7 @@ def time_candidate(block: Block, run, shape: Shape, dtype: torch.dtype, device: 
                    sets: list | None = None) -> Timing:
     """Time ``run`` on ``shape`` with freshly generated, rotated input sets, one input value
     changed before every call (:func:`touch_inputs`). The sets (inputs, out) are appended to
-    ``sets`` when a list is given (for :func:`~kernelforge.verify.verify_again`)."""
+    ``sets`` when a list is given (for :func:`~kernelforge.execute.verify.verify_again`)."""
     working_set = int(counts.bytes)
     l2_guess = 64 * 2**20
     n_sets = max(1, min(MAX_INPUT_SETS, math.ceil(2 * l2_guess / max(working_set, 1))))
@@ -138,13 +124,13 @@ def evaluate(
 ) -> list[Evaluation]:
     """Verify ``source`` on every shape and time the shapes it passes.
 
-    - ``policy``: check the source against :mod:`kernelforge.policy` first (nothing of it is
+    - ``policy``: check the source against :mod:`kernelforge.execute.policy` first (nothing of it is
       imported when it fails: status ``rejected`` on every shape);
     - ``held_out``: shapes verified (one poisoned call each, not timed) before the timed ones; a
       failure there is the candidate's status on every shape, with the message prefixed by
       :data:`HELD_OUT_FLAG`;
     - ``recheck``: after timing a shape, one more guarded call on the timing buffers with
-      perturbed values must pass (:func:`~kernelforge.verify.verify_again`); on a GPU, timings
+      perturbed values must pass (:func:`~kernelforge.execute.verify.verify_again`); on a GPU, timings
       below the datasheet roofline are re-verified again and flagged (:data:`ROOFLINE_FLAG`),
       and GPU work that outlives the timed events is rejected (:data:`TIMING_FLAG`);
     - functions the harness relies on are snapshotted before the import and compared after it
@@ -173,7 +159,7 @@ def evaluate(
         return results
 
     if policy:
-        from .policy import check_source
+        from kernelforge.execute.policy import check_source
 
         report = check_source(source)
         if not report.ok:
@@ -280,7 +266,7 @@ def pair_speedups(block: Block, baseline_source: str, candidate_source: str, sha
 class InProcessExecutor:
     """Evaluates candidates in this process: for trusted templates, debugging and tests. A crash
     or hang of a candidate takes this process with it; untrusted code runs through
-    :class:`kernelforge.worker.WorkerExecutor`, which has the same three methods.
+    :class:`kernelforge.execute.worker.WorkerExecutor`, which has the same three methods.
 
     The static policy is still applied (``policy=False`` turns it off, for tests of the run-time
     defenses), as are the held-out shapes and the post-timing re-check.

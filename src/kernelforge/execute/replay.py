@@ -11,11 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .block import Block, Shape
-from .errors import UserError
-from .evaluate import Evaluation
-from .result import Status, Timing, Verification
-from .store import Store, StoredResult
+from kernelforge.block import Block, Shape
+from kernelforge.errors import UserError
+from kernelforge.result import Evaluation
+from kernelforge.result import Status, Timing, Verification
+from kernelforge.store.store import Store, StoredResult
 
 
 class ReplayDevice:
@@ -74,6 +74,6 @@ class ReplayDevice:
 
 
 def _torch_dtype(name: str):
-    from .block import DTYPES
+    from kernelforge.block import DTYPES
 
     return DTYPES[name]

@@ -25,8 +25,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .errors import UserError
-from .result import Timing
+from kernelforge.errors import UserError
+from kernelforge.result import Timing
 
 Call = Callable[[], None]
 #: Run before call ``i`` outside the timed region (the harness changes an input value there so a
@@ -81,7 +81,7 @@ class Device(ABC):
         """
 
     def ceilings(self):
-        """The hardware ceilings (:class:`kernelforge.hardware.Ceilings`) of this device for
+        """The hardware ceilings (:class:`kernelforge.devices.hardware.Ceilings`) of this device for
         roofline checks, or None when its timings measure no GPU (the interpreter) or the GPU
         is unknown."""
         return None
@@ -113,7 +113,7 @@ class InterpretDevice(Device):
         self.repeats = repeats
 
     def prepare(self) -> None:
-        from . import interpreter
+        from kernelforge.devices import interpreter
 
         interpreter.enable()
 
@@ -214,7 +214,7 @@ class CudaDevice(Device):
         self._flush.zero_()
 
     def ceilings(self):
-        from .hardware import ceilings_for
+        from kernelforge.devices.hardware import ceilings_for
 
         return ceilings_for(torch.cuda.get_device_name(self.index))
 

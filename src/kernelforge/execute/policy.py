@@ -29,7 +29,7 @@ fallback; and in host code (outside ``@triton.jit`` functions) the ``@`` operato
 methods that compute (``.matmul``, ``.softmax``, ``.numpy`` ...).
 
 The static check cannot know the types of host values, so torch arithmetic written with operators
-(``x * alpha + y``) is caught at run time instead: :mod:`kernelforge.verify` refuses host-side
+(``x * alpha + y``) is caught at run time instead: :mod:`kernelforge.execute.verify` refuses host-side
 torch operations on floating-point tensors other than allocation, copies and views. Every shipped
 template passes this policy (tests/test_policy.py checks that).
 """

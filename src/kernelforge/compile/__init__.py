@@ -1,0 +1,1 @@
+"""Ahead-of-time compilation of candidates for GPU targets, without a GPU."""

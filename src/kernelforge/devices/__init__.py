@@ -1,0 +1,1 @@
+"""Where kernels run and are timed: a real GPU (cuda) or Triton's CPU interpreter."""

@@ -1,0 +1,1 @@
+"""Running candidates: executors (in-process, sandboxed worker, replay), verification and the policy."""

@@ -1,0 +1,82 @@
+"""The executor seam: where a candidate is verified and timed.
+
+Search and confirmation talk only to an :class:`Executor`; which one runs is decided once, by
+:func:`make_executor`. Implementations:
+
+- :class:`kernelforge.execute.worker.WorkerExecutor`: the default; candidate code runs in a
+  sandboxed worker process (crash, hang and memory isolation, no secrets);
+- :class:`kernelforge.execute.inprocess.InProcessExecutor`: this process, for trusted debugging
+  (``--in-process``) and tests;
+- :class:`kernelforge.execute.replay.ReplayExecutor`: answers from a recorded database and runs
+  nothing (``--device replay:PATH``).
+
+Nothing outside this module asks which implementation it holds: what differs between them is in
+the protocol (``runs_code``, ``kind``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+    from kernelforge.block import Block, Shape
+    from kernelforge.result import Evaluation
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """Verifies and times candidates on one device.
+
+    Contract (every implementation runs the executor contract tests):
+
+    - ``kind`` names where timings come from (``cuda``, ``interpret`` or ``replay``); per-kind
+      settings (how many candidates to confirm, how many pairs) are keyed on it.
+    - ``runs_code`` is False when nothing is executed (replay): then nothing is compiled and
+      nothing is re-timed.
+    - :meth:`prepare` is called once before the first evaluation; :meth:`describe` then gives the
+      environment (device name, versions, ...) that every result is stored under.
+    - :meth:`evaluate` returns exactly one :class:`~kernelforge.result.Evaluation` per shape, in
+      order, whatever the candidate does: failures are data, never exceptions.
+    - :meth:`pair_speedups` re-times baseline and candidate interleaved, ``pairs`` times, and
+      returns baseline/candidate time ratios (empty when nothing can be timed).
+    - :meth:`close` releases processes and memory; it may be called more than once.
+    """
+
+    kind: str
+    runs_code: bool
+
+    def prepare(self) -> None: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+    def evaluate(self, block: "Block", source: str, shapes: list["Shape"], dtype: "torch.dtype", *,
+                 deterministic: bool = True) -> list["Evaluation"]: ...
+
+    def pair_speedups(self, block: "Block", baseline_source: str, candidate_source: str, shape: "Shape",
+                      dtype: "torch.dtype", pairs: int) -> list[float]: ...
+
+    def close(self) -> None: ...
+
+
+def make_executor(device_name: str, *, in_process: bool = False, secrets: tuple[str, ...] = ()) -> Executor:
+    """The executor of a job's device: ``cuda``, ``interpret`` or ``replay:PATH``.
+
+    ``in_process`` runs candidates in this process (trusted debugging); ``secrets`` names extra
+    environment variables the worker must never see (the LLM key's variable).
+    """
+    if device_name.startswith("replay:"):
+        from kernelforge.execute.replay import ReplayExecutor
+
+        return ReplayExecutor(device_name.split(":", 1)[1])
+    from kernelforge.devices.device import get_device
+
+    device = get_device(device_name)
+    if in_process:
+        from kernelforge.execute.inprocess import InProcessExecutor
+
+        return InProcessExecutor(device)
+    from kernelforge.execute.worker import WorkerExecutor
+
+    return WorkerExecutor(device, extra_secrets=secrets)

@@ -1,0 +1,1 @@
+"""The search loop: plan, studies, the compile-ahead pipeline, confirmation and progress."""

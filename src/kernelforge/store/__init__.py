@@ -1,0 +1,1 @@
+"""The results database: schema, typed records, queries, the LLM log and the job lock."""
