@@ -36,10 +36,11 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from enum import Enum
+from typing import Any, Sequence
 from urllib.parse import urlsplit
 
-from kernelforge.block import DTYPES
+from kernelforge.block import DTYPES, Shape
 from kernelforge.errors import UserError
 
 if sys.version_info >= (3, 11):
@@ -47,7 +48,34 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-TUNE_MODES = ("all-shapes", "per-shape")
+class Tune(str, Enum):
+    """How configurations relate to shapes: the one place that groups a block's shapes into studies.
+
+    ``ALL_SHAPES``: one configuration serves every shape of the block (objective: geometric-mean
+    time ratio to the baseline). ``PER_SHAPE``: each shape gets its own, as vLLM tunes per token
+    count.
+    """
+
+    ALL_SHAPES = "all-shapes"
+    PER_SHAPE = "per-shape"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def groups(self, shapes: Sequence[Shape]) -> list[list[Shape]]:
+        """The shape groups of one block: one study (and one winner) per group."""
+        return [list(shapes)] if self is Tune.ALL_SHAPES else [[s] for s in shapes]
+
+    def scope(self, group: Sequence[Shape]) -> str:
+        """The name of a group in study names and reserves: ``all``, or the shape's name."""
+        return "all" if self is Tune.ALL_SHAPES else group[0].name
+
+    def shape_filter(self, group: Sequence[Shape]) -> str | None:
+        """The shape a group's stored results are filtered by (None: every shape)."""
+        return group[0].name if self is Tune.PER_SHAPE else None
+
+
+TUNE_MODES = tuple(t.value for t in Tune)
 STRATEGIES = ("tpe", "random", "grid", "gp", "cmaes", "nsga2", "optuna-random")
 
 _JOB_KEYS = {"name", "description", "device", "target", "dtype", "seed", "storage", "tune"}
@@ -121,7 +149,7 @@ class Job:
     dtype: str = "bfloat16"
     seed: int = 0
     storage: str = ""
-    tune: str = "all-shapes"
+    tune: Tune = Tune.ALL_SHAPES
     description: str = ""
     llm: LLMSpec | None = None
 
@@ -241,7 +269,7 @@ def parse_job(raw: dict[str, Any], path: Path, catalog=None) -> Job:
     return Job(
         name=name, path=path, blocks=tuple(blocks),
         strategy=StrategySpec(strategy_name, evaluations, float(max_minutes) if max_minutes is not None else None),
-        device=device, target=target, dtype=dtype, seed=seed, storage=storage, tune=tune,
+        device=device, target=target, dtype=dtype, seed=seed, storage=storage, tune=Tune(tune),
         description=str(job.get("description", "")), llm=llm,
     )
 
