@@ -12,11 +12,12 @@ import pytest
 import torch
 
 from kernelforge.devices import interpreter
-from kernelforge.compile.aot import CompilePool
+from kernelforge.compile.pool import CompilePool
 from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
 from kernelforge.execute.evaluate import load_candidate
-from kernelforge.store.store import Store, StoredResult, env_key
+from kernelforge.result import StoredResult, env_key
+from kernelforge.store.store import Store
 from kernelforge.result import Status
 from kernelforge.execute.verify import verify_shape
 

@@ -22,7 +22,7 @@ status=0
 } 2>&1 | tee "$DEST/device.txt"
 
 if $PY -c "import pytest" 2>/dev/null; then
-    timeout 270 $PY -m pytest tests/test_gpu.py tests/test_gpu_adversarial.py -q -p no:cacheprovider 2>&1 | tee "$DEST/gpu_tests.log" || status=1
+    timeout 270 $PY -m pytest tests/devices/test_gpu.py tests/execute/test_gpu_adversarial.py -q -p no:cacheprovider 2>&1 | tee "$DEST/gpu_tests.log" || status=1
 else
     echo "pytest is not installed and no .whl/ was carried: GPU tests skipped" | tee "$DEST/gpu_tests.log"
 fi

@@ -8,10 +8,39 @@ figures, and the dtype tolerances.
 A block lives in ``kernels/<family>/<name>/block.py`` as one subclass of :class:`Block`; its id is
 its folder path (``attention/gpt_oss_prefill``). Nothing registers it: discovery finds the folder.
 
-The candidate contract: a rendered template is a Python module with a function
-``run(**inputs, out)`` that takes the tensors and scalars of :meth:`Block.make_inputs` as keyword
-arguments and writes the result into ``out`` (allocated by the harness, poisoned with NaN before the
-call). It returns nothing.
+The block contract (v2; a v1 block, with one output ``out`` and nothing in place, is a v2 block):
+
+- :meth:`Block.make_output` returns either one tensor (the output is then named ``out``) or a dict
+  mapping output names to freshly allocated tensors. Output names are keyword names of the
+  candidate's ``run`` and must not be input names. Outputs may have any dtype (integer ones too: a
+  router's indices) and any shape (odd last dimensions included).
+- :attr:`Block.inplace` names the INPUTS (keys of :meth:`Block.make_inputs`) that the candidate
+  updates in place (a fused add + RMSNorm updates ``residual``; a KV-cache write the cache). They
+  are outputs too.
+- :meth:`Block.reference` returns one tensor (v1: the single ``out``) or a dict with one entry per
+  output name and one per in-place name (the expected final value of that input). The harness
+  always calls it on pristine copies of the inputs (their values before the candidate ran).
+- The candidate: a rendered template is a Python module with a function
+  ``run(**inputs, **outputs)`` that gets every input (in-place ones included) and every output as
+  keyword arguments, writes its results into the outputs and the in-place inputs, and returns
+  nothing (v1: ``run(**inputs, out=...)``).
+- Tolerance: :meth:`Block.tolerance` serves every floating-point output; a block may override
+  :meth:`Block.output_tolerance` per output. Integer and bool outputs are compared exactly.
+- Verification (:mod:`kernelforge.execute.verify`) applies the same defenses to every output and
+  every in-place input: outputs are poisoned before the call (floating: NaN; integer: the dtype's
+  minimum, or maximum when unsigned; bool: a byte that is neither True nor False; the "new values"
+  call instead fills them with an earlier call's results, as a timed call sees them); in-place inputs
+  start from their generated values; every other input must come back bit for bit unchanged; the
+  identity (pointer, shape, dtype, strides) of every output is checked, and so are a repeated call
+  and new values under the same pointers, and a byte fingerprint of every output on return and
+  after a full device synchronisation. A failure's message names the output
+  (``residual: relative error 0.31 exceeds 0.02``) unless the block is v1.
+- Timing allocates the outputs once per input set; in-place inputs are restored from a copy before
+  every timed call (not timed) when :attr:`Block.inplace_reset` is True (the default), so the
+  timed work stays the same on every call.
+- :meth:`Block.counts` as in v1; its bytes count both the read and the write of in-place tensors.
+- A block's mutants live in ``tests/mutants/<family>/<name>/*.py.j2`` and must all be reported
+  ``wrong`` (or ``rejected``).
 """
 
 from __future__ import annotations
@@ -74,6 +103,15 @@ class Shape:
         return self.name
 
 
+class HarnessError(RuntimeError):
+    """The check itself is unsound: a bug in a block (a nearly constant reference, a reference
+    that misses an output, output names that clash with inputs...), not in the candidate."""
+
+
+#: The name of the output of a block whose :meth:`Block.make_output` returns one tensor (v1).
+OUT = "out"
+
+
 @dataclass(frozen=True)
 class Tolerance:
     """How close a candidate's output must be to the fp32 reference.
@@ -125,6 +163,12 @@ class Block(ABC):
     description: str = ""
     #: dtypes the block is searched in (names as in :data:`DTYPES`).
     dtypes: tuple[str, ...] = ("bfloat16", "float16")
+    #: Names of inputs (keys of :meth:`make_inputs`) the candidate updates in place; each is an
+    #: output too, and :meth:`reference` returns its expected final value under the same name.
+    inplace: tuple[str, ...] = ()
+    #: Whether timing restores the in-place inputs from a copy before every timed call (the
+    #: restore is not timed), so every timed call does the same work on the same values.
+    inplace_reset: bool = True
 
     def __init__(self, block_id: str):
         self.id = block_id
@@ -184,15 +228,22 @@ class Block(ABC):
         """
 
     @abstractmethod
-    def make_output(self, shape: Shape, dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
-        """An uninitialised output tensor of the exact shape and dtype a candidate must fill."""
+    def make_output(self, shape: Shape, dtype: torch.dtype,
+                    device: str | torch.device) -> torch.Tensor | dict[str, torch.Tensor]:
+        """Uninitialised outputs of the exact shapes and dtypes a candidate must fill: one tensor
+        (named ``out``) or a dict of freshly allocated tensors by output name (the keyword names
+        of ``run``; never an input's name). Called for every call the harness makes."""
 
     @abstractmethod
-    def reference(self, **inputs: Any) -> torch.Tensor:
-        """The exact math of the block, computed in fp32 (or wider) from ``inputs``; returns fp32.
+    def reference(self, **inputs: Any) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The exact math of the block, computed in fp32 (or wider) from ``inputs``.
 
-        Must not modify its inputs and must keep memory bounded for the largest presets (chunk
-        over queries or tokens where a naive form would not fit).
+        Returns one tensor when :meth:`make_output` does and nothing is in place; else a dict with
+        one entry per output name and one per :attr:`inplace` name (the expected final value of
+        that input). Floating-point entries are fp32; integer outputs are compared exactly with
+        the entry's values. Called on pristine copies of the inputs; must not modify them, and
+        must keep memory bounded for the largest presets (chunk over queries or tokens where a
+        naive form would not fit).
         """
 
     @abstractmethod
@@ -204,6 +255,12 @@ class Block(ABC):
         if dtype == torch.float32 and device_type == "cuda":
             return TF32_TOLERANCE
         return TOLERANCES[dtype]
+
+    def output_tolerance(self, name: str, dtype: torch.dtype, device_type: str) -> Tolerance:
+        """Tolerance of the floating-point output (or in-place input) ``name`` when the block
+        runs in ``dtype`` (default: :meth:`tolerance`). Not used for integer or bool outputs:
+        those must match exactly."""
+        return self.tolerance(dtype, device_type)
 
 
 def iter_shapes(block: Block) -> Iterator[tuple[str, Shape]]:
@@ -269,6 +326,8 @@ __all__ = [
     "Counts",
     "DISTRIBUTIONS",
     "DTYPES",
+    "HarnessError",
+    "OUT",
     "Shape",
     "TF32_TOLERANCE",
     "TOLERANCES",

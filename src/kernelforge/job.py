@@ -12,7 +12,7 @@
     tune = "all-shapes"           # one config for all shapes (geomean speedup) or "per-shape"
 
     [strategy]
-    name = "tpe"                  # tpe | random | grid | gp | cmaes | nsga2 | optuna-random
+    name = "tpe"                  # tpe | random | grid | gp | cmaes | nsga2 | optuna-random (strategies.names)
     evaluations = 8               # per block (per block and shape with tune = "per-shape")
     max_minutes = 3.0             # optional wall-clock cap for the whole job
 
@@ -42,6 +42,7 @@ from urllib.parse import urlsplit
 
 from kernelforge.block import DTYPES, Shape
 from kernelforge.errors import UserError
+from kernelforge.strategies.names import STRATEGY_NAMES
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -76,7 +77,6 @@ class Tune(str, Enum):
 
 
 TUNE_MODES = tuple(t.value for t in Tune)
-STRATEGIES = ("tpe", "random", "grid", "gp", "cmaes", "nsga2", "optuna-random")
 
 _JOB_KEYS = {"name", "description", "device", "target", "dtype", "seed", "storage", "tune"}
 _STRATEGY_KEYS = {"name", "evaluations", "max_minutes"}
@@ -222,10 +222,10 @@ def parse_job(raw: dict[str, Any], path: Path, catalog=None) -> Job:
     storage = _typed(f"{path} [job] storage", job.get("storage", ""), str, 'a SQLAlchemy URL such as "sqlite:///x.db"')
 
     strategy_name = _typed(f"{path} [strategy] name", strategy.get("name", "tpe"), str, '"tpe"')
-    if strategy_name not in STRATEGIES:
-        close = difflib.get_close_matches(strategy_name, STRATEGIES, n=1)
+    if strategy_name not in STRATEGY_NAMES:
+        close = difflib.get_close_matches(strategy_name, STRATEGY_NAMES, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
-        raise UserError(f"{path} [strategy] name: {strategy_name!r} is not one of {', '.join(STRATEGIES)}{hint}")
+        raise UserError(f"{path} [strategy] name: {strategy_name!r} is not one of {', '.join(STRATEGY_NAMES)}{hint}")
     evaluations = _typed(f"{path} [strategy] evaluations", strategy.get("evaluations", 16), int, "a positive integer")
     if evaluations < 1:
         raise UserError(f"{path} [strategy] evaluations: must be at least 1, got {evaluations}")

@@ -1,13 +1,15 @@
-"""Speedups computed from stored measurements (never typed in): the search's confirmation step and
-the reports both rank candidates with these functions."""
+"""The search objective and speedups, computed from stored measurements (never typed in).
+
+:func:`time_ratio` is THE objective the search minimises; the confirmation step, the LLM prompts
+and the reports rank candidates by the same metric (:func:`geomean_speedup`, :func:`rank`)."""
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Iterable
+from typing import Iterable, Mapping
 
-from kernelforge.store.store import StoredResult
+from kernelforge.result import StoredResult
 
 
 def by_candidate(results: Iterable[StoredResult]) -> dict[str, dict[str, StoredResult]]:
@@ -16,6 +18,39 @@ def by_candidate(results: Iterable[StoredResult]) -> dict[str, dict[str, StoredR
     for r in results:
         table[r.candidate_id][r.shape] = r
     return table
+
+
+def time_ratio(results: Iterable[StoredResult], baseline: Mapping[str, StoredResult]) -> float | None:
+    """THE search objective: the geometric mean over ``results`` of the candidate's median time over
+    the baseline's median time on the same shape (``baseline``: shape name -> the baseline's result).
+
+    Lower is better; its inverse is :func:`geomean_speedup`. None when there are no results, when
+    any result (the candidate's or the baseline's) failed or has no time, or when the baseline
+    lacks a shape: a candidate is comparable only where both were verified and timed.
+    """
+    pairs = _timed_pairs(results, baseline)
+    if pairs is None:
+        return None
+    return math.exp(sum(math.log(cand / base) for cand, base in pairs) / len(pairs))
+
+
+def geomean_speedup(results: Iterable[StoredResult], baseline: Mapping[str, StoredResult]) -> float | None:
+    """The geometric-mean speedup over the baseline: the inverse of :func:`time_ratio` (computed
+    from the per-shape speedups, so it equals the geometric mean of :func:`speedup` exactly); None
+    where time_ratio is None."""
+    pairs = _timed_pairs(results, baseline)
+    return None if pairs is None else geomean([base / cand for cand, base in pairs])
+
+
+def _timed_pairs(results: Iterable[StoredResult], baseline: Mapping[str, StoredResult]) -> list[tuple[float, float]] | None:
+    """(candidate median, baseline median) per result; None unless every result is comparable."""
+    pairs = []
+    for r in results:
+        base = baseline.get(r.shape)
+        if base is None or not (r.ok and base.ok) or not r.median_s or not base.median_s:
+            return None
+        pairs.append((r.median_s, base.median_s))
+    return pairs or None
 
 
 def speedup(base: StoredResult | None, cand: StoredResult | None) -> float | None:
@@ -33,6 +68,7 @@ def speedup_spread(base: StoredResult, cand: StoredResult) -> tuple[float, float
 
 
 def geomean(values: list[float]) -> float:
+    """The geometric mean of positive values (NaN for none)."""
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
@@ -41,7 +77,9 @@ def rank(table: dict[str, dict[str, StoredResult]], baseline_id: str, shapes: li
     base = table.get(baseline_id, {})
     ranked = []
     for candidate_id, rows in table.items():
-        speedups = [speedup(base.get(s), rows.get(s)) for s in shapes]
-        if speedups and all(v is not None for v in speedups):
-            ranked.append((candidate_id, geomean(speedups)))  # type: ignore[arg-type]
+        if not all(s in rows for s in shapes):
+            continue
+        value = geomean_speedup([rows[s] for s in shapes], base)
+        if value is not None:
+            ranked.append((candidate_id, value))
     return sorted(ranked, key=lambda item: -item[1])

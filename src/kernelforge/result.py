@@ -1,4 +1,5 @@
-"""Records of what happened to a candidate: statuses, verification outcomes and timings.
+"""Records of what happened to a candidate: statuses, verification outcomes, timings, and the
+stored result the search, the objective and the reports read back.
 
 Every outcome is data (EVALUATION.md): a failed candidate is a stored result with a status and a
 message, never an exception that stops a search.
@@ -6,6 +7,8 @@ message, never an exception that stops a search.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
@@ -32,8 +35,12 @@ class Status(str, Enum):
 class Verification:
     """The verdict of checking one candidate on one shape against the block's reference.
 
-    ``rel_error`` is the worst ``||out - ref|| / ||ref||`` over the checks run; ``excess`` the worst
-    elementwise ``|out - ref| / (atol * rms(ref) + rtol * |ref|)`` (above 1 fails).
+    ``rel_error`` is the worst ``||out - ref|| / ||ref||`` over the checks run (and over the
+    floating-point outputs of a block with several); ``excess`` the worst elementwise
+    ``|out - ref| / (atol * rms(ref) + rtol * |ref|)`` (above 1 fails). ``message`` is one line
+    (it names the failing output of a block with several). ``traceback`` is the candidate's full
+    Python traceback when its import or its call raised (``check --verbose`` prints it); it is not
+    part of the verdict (not compared, not stored).
     """
 
     status: Status
@@ -41,6 +48,7 @@ class Verification:
     excess: float | None = None
     checks: int = 0
     message: str = ""
+    traceback: str = field(default="", compare=False, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -83,6 +91,46 @@ class Evaluation:
     @property
     def status(self) -> Status:
         return self.verification.status
+
+
+def env_key(env: dict[str, Any]) -> str:
+    """What makes two measurements comparable: device and library versions (not clocks). Results
+    are unique per (candidate, shape, dtype, env_key) and only compared within one env_key."""
+    keep = {k: env.get(k) for k in ("device", "device_name", "capability", "torch", "triton", "cuda", "driver")}
+    return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class StoredResult:
+    """One stored result (a row of the results database): what one candidate did on one shape in
+    one environment (``env``, identified by ``env_key``). Times are seconds; None when not timed."""
+
+    candidate_id: str
+    block: str
+    shape: str
+    dtype: str
+    device: str
+    env_key: str
+    status: Status
+    rel_error: float | None
+    median_s: float | None
+    p20_s: float | None
+    p80_s: float | None
+    samples: int | None
+    timing_method: str | None
+    timing_label: str | None
+    joules: float | None
+    flops: float | None
+    bytes: float | None
+    message: str
+    env: dict[str, Any]
+    job: str | None
+    created: float
+    excess: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status is Status.OK
 
 
 def format_seconds(seconds: float) -> str:

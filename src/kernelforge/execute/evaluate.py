@@ -1,77 +1,42 @@
 """Evaluate one candidate on a list of shapes: load, verify, then time what verified.
 
-This is the device-side stage of the flow (compile -> verify -> time); the search calls it per
-candidate (through an executor: in a worker process, :mod:`kernelforge.execute.worker`, or in this one) and
-stores what it returns. Timing is skipped for a shape that fails verification, and what was timed
-is verified once more afterwards (the timing phase must not be a place to cheat).
+This is the device-side stage of the flow (compile -> verify -> time); an executor calls it per
+candidate (in a worker process, :mod:`kernelforge.execute.worker_main`, or in this one,
+:mod:`kernelforge.execute.inprocess`) and the search stores what it returns. Timing is skipped for
+a shape that fails verification, and what was timed is verified once more afterwards (the timing
+phase must not be a place to cheat).
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+import dataclasses
+import traceback
 from typing import Any, Callable, Sequence
 
 import torch
 
 from kernelforge.block import Block, Counts, Shape
 from kernelforge.candidate import load_module, source_id
-from kernelforge.devices.device import Device
+from kernelforge.devices.base import Device
 from kernelforge.errors import UserError
+from kernelforge.execute.guard import TRACEBACK_CHARS
+from kernelforge.execute.harness import harness_changes, harness_snapshot
+from kernelforge.execute.timing import time_candidate
+from kernelforge.execute.verify import verify_again, verify_shape
 from kernelforge.result import Evaluation, Status, Timing, Verification
-from kernelforge.execute.verify import harness_changes, harness_snapshot, verify_again, verify_shape
-
-#: Input sets are rotated while timing so the L2 cache never holds the inputs; beyond this many,
-#: the device flushes L2 instead (and large sets need no help: they do not fit in L2 anyway).
-MAX_INPUT_SETS = 8
-INPUT_SET_MEMORY_BUDGET = 16 * 2**30
 
 
 def load_candidate(source: str, name_hint: str = "candidate") -> tuple[Any, Verification | None]:
-    """Import a rendered source; a failure to import is the candidate's compile error."""
+    """Import a rendered source; a failure to import is the candidate's compile error (with the
+    full traceback in :attr:`~kernelforge.result.Verification.traceback`)."""
     try:
         module = load_module(source, name_hint)
     except Exception as exc:  # candidate code is untrusted input: any failure is data
-        return None, Verification(Status.COMPILE_ERROR, message=f"import failed: {type(exc).__name__}: {exc}"[:2000])
+        return None, Verification(Status.COMPILE_ERROR, message=f"import failed: {type(exc).__name__}: {exc}"[:2000],
+                                  traceback=traceback.format_exc()[-TRACEBACK_CHARS:])
     if not callable(getattr(module, "run", None)):
         return None, Verification(Status.COMPILE_ERROR, message="the module defines no run(...) entry point")
     return module, None
-
-
-def touch_inputs(inputs: dict[str, Any], call: int) -> None:
-    """Change one element of each floating-point input tensor of a timing set, in place (its sign),
-    before every call of a timing phase: identical inputs never come back, so a cache keyed on the
-    input values misses every time (EVALUATION.md #4) and what is timed is the computation."""
-    for tensor in inputs.values():
-        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.numel() and tensor.is_contiguous():
-            flat = tensor.view(-1)
-            flat[(call * 7919 + 13) % flat.numel()].neg_()
-
-
-def time_candidate(block: Block, run, shape: Shape, dtype: torch.dtype, device: Device, counts: Counts, *,
-                   sets: list | None = None) -> Timing:
-    """Time ``run`` on ``shape`` with freshly generated, rotated input sets, one input value
-    changed before every call (:func:`touch_inputs`). The sets (inputs, out) are appended to
-    ``sets`` when a list is given (for :func:`~kernelforge.execute.verify.verify_again`)."""
-    working_set = int(counts.bytes)
-    l2_guess = 64 * 2**20
-    n_sets = max(1, min(MAX_INPUT_SETS, math.ceil(2 * l2_guess / max(working_set, 1))))
-    n_sets = max(1, min(n_sets, INPUT_SET_MEMORY_BUDGET // max(working_set, 1)))
-    if device.name == "interpret":
-        n_sets = 1  # no cache to defeat; interpreter calls are slow
-    made = []
-    for i in range(n_sets):
-        inputs = block.make_inputs(shape, dtype, device.torch_device, seed=1000 + i)
-        out = block.make_output(shape, dtype, device.torch_device)
-        made.append((inputs, out))
-    if sets is not None:
-        sets.extend(made)
-    calls = [lambda inputs=inputs, out=out: run(**inputs, out=out) for inputs, out in made]
-
-    def before(i: int) -> None:
-        touch_inputs(made[i % len(made)][0], i)
-
-    return device.time(calls, working_set_bytes=working_set, before=before)
 
 
 #: Message prefixes a report can look for (the status stays one of the six).
@@ -190,8 +155,7 @@ def evaluate(
         if bad is not None:
             return fail_all(bad)
         if not verdict.ok:
-            return fail_all(Verification(verdict.status, verdict.rel_error, verdict.excess, verdict.checks,
-                                         f"{HELD_OUT_FLAG} {verdict.message}"[:2000]))
+            return fail_all(dataclasses.replace(verdict, message=f"{HELD_OUT_FLAG} {verdict.message}"[:2000]))
     for index, shape in enumerate(shapes):
         step(shape.name)
         verdict = verify_shape(block, run, shape, dtype, device.torch_device, seed=index, deterministic=deterministic)
@@ -217,11 +181,12 @@ def _time_and_recheck(block: Block, run, shape: Shape, dtype: torch.dtype, devic
         timing = time_candidate(block, run, shape, dtype, device, counts, sets=sets)
     except Exception as exc:  # a crash while timing is the candidate's runtime error
         return Verification(Status.RUNTIME_ERROR, verdict.rel_error, verdict.excess, verdict.checks,
-                            f"{shape.name}: while timing: {type(exc).__name__}: {exc}"[:2000]), None
+                            f"{shape.name}: while timing: {type(exc).__name__}: {exc}"[:2000],
+                            traceback=traceback.format_exc()[-TRACEBACK_CHARS:]), None
     if not recheck:
         return verdict, timing
-    inputs, out = sets[0]
-    again = verify_again(block, run, shape, dtype, device.torch_device, inputs, out, seed=7000 + seed)
+    inputs, outputs = sets[0]
+    again = verify_again(block, run, shape, dtype, device.torch_device, inputs, outputs, seed=7000 + seed)
     if not again.ok:
         return again, None
     if timing.extra.get("event_wall_mismatch"):
@@ -233,13 +198,14 @@ def _time_and_recheck(block: Block, run, shape: Shape, dtype: torch.dtype, devic
     if ceilings is not None:
         roofline = ceilings.roofline_seconds(counts.flops, counts.bytes)
         if timing.median_s < roofline:
-            third = verify_again(block, run, shape, dtype, device.torch_device, inputs, out, seed=9000 + seed,
+            third = verify_again(block, run, shape, dtype, device.torch_device, inputs, outputs, seed=9000 + seed,
                                  label="roofline re-check")
             note = (f"{ROOFLINE_FLAG} {shape.name}: median {timing.median_s * 1e6:.2f} us is below the "
                     f"{ceilings.name} datasheet roofline of {roofline * 1e6:.2f} us")
             if not third.ok:
                 return Verification(third.status, third.rel_error, third.excess, verdict.checks + 2,
-                                    f"{note}; re-verification failed: {third.message}"[:2000]), None
+                                    f"{note}; re-verification failed: {third.message}"[:2000],
+                                    traceback=third.traceback), None
             return Verification(Status.OK, verdict.rel_error, verdict.excess, verdict.checks + 2,
                                 f"{note}; re-verified on perturbed inputs: the timing is suspect"), timing
     return Verification(verdict.status, max(verdict.rel_error or 0.0, again.rel_error or 0.0), verdict.excess,
@@ -261,33 +227,3 @@ def pair_speedups(block: Block, baseline_source: str, candidate_source: str, sha
         cand = time_candidate(block, cand_module.run, shape, dtype, device, counts)
         speedups.append(base.median_s / cand.median_s)
     return speedups
-
-
-class InProcessExecutor:
-    """Evaluates candidates in this process: for trusted templates, debugging and tests. A crash
-    or hang of a candidate takes this process with it; untrusted code runs through
-    :class:`kernelforge.execute.worker.WorkerExecutor`, which has the same three methods.
-
-    The static policy is still applied (``policy=False`` turns it off, for tests of the run-time
-    defenses), as are the held-out shapes and the post-timing re-check.
-    """
-
-    def __init__(self, device: Device, *, policy: bool = True, held_out: bool = True):
-        self.device = device
-        self.policy = policy
-        self.held_out = held_out
-
-    def evaluate(self, block: Block, source: str, shapes: list[Shape], dtype: torch.dtype, *,
-                 deterministic: bool = True) -> list[Evaluation]:
-        """Verify and time ``source`` on ``shapes`` (see :func:`evaluate`)."""
-        extra = held_out_shapes(block, shapes, source, self.device.name) if self.held_out else []
-        return evaluate(block, source, shapes, dtype, self.device, deterministic=deterministic, held_out=extra,
-                        policy=self.policy)
-
-    def pair_speedups(self, block: Block, baseline_source: str, candidate_source: str, shape: Shape,
-                      dtype: torch.dtype, pairs: int) -> list[float]:
-        """Interleaved baseline/candidate speedups (see :func:`pair_speedups`)."""
-        return pair_speedups(block, baseline_source, candidate_source, shape, dtype, self.device, pairs)
-
-    def close(self) -> None:
-        pass

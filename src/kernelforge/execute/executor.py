@@ -70,7 +70,7 @@ def make_executor(device_name: str, *, in_process: bool = False, secrets: tuple[
         from kernelforge.execute.replay import ReplayExecutor
 
         return ReplayExecutor(device_name.split(":", 1)[1])
-    from kernelforge.devices.device import get_device
+    from kernelforge.devices.registry import get_device
 
     device = get_device(device_name)
     if in_process:

@@ -1,9 +1,9 @@
 """Static policy for candidate sources: what untrusted (LLM-written) kernel code may do.
 
-A candidate is a Python module with Triton kernels and a host ``run(**inputs, out)``. Before it is
-imported or executed anywhere (the compile pool, the evaluation worker, the in-process executor),
-its source is parsed and checked here. The check is purely syntactic (``ast``): nothing of the
-candidate runs, nothing is imported.
+A candidate is a Python module with Triton kernels and a host ``run(**inputs, **outputs)``. Before
+it is imported or executed anywhere (the compile pool, the evaluation worker, the in-process
+executor), its source is parsed and checked here. The check is purely syntactic (``ast``): nothing
+of the candidate runs, nothing is imported.
 
 What a candidate may use (EVALUATION.md, isolation and exploit #6, #7, #12, #14, #15):
 
@@ -29,9 +29,9 @@ fallback; and in host code (outside ``@triton.jit`` functions) the ``@`` operato
 methods that compute (``.matmul``, ``.softmax``, ``.numpy`` ...).
 
 The static check cannot know the types of host values, so torch arithmetic written with operators
-(``x * alpha + y``) is caught at run time instead: :mod:`kernelforge.execute.verify` refuses host-side
+(``x * alpha + y``) is caught at run time instead: :mod:`kernelforge.execute.guard` refuses host-side
 torch operations on floating-point tensors other than allocation, copies and views. Every shipped
-template passes this policy (tests/test_policy.py checks that).
+template passes this policy (tests/execute/test_policy.py checks that).
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
-"""The ``replay`` device: answers a search's evaluations from a recorded results database.
+"""The ``replay`` executor: answers a search's evaluations from a recorded results database.
 
 A search run with ``--device replay:reports/<job>/kernelforge.db`` on a CPU sees the statuses and
 timings a real GPU produced, so strategies can be developed and compared without a device. A
 candidate the recording never measured comes back as ``runtime_error`` with a message saying so.
-Recorded Kernel Tuner caches (other kernels, other spaces) are replayed by ``strategy-bench``.
+Nothing is run, compiled or re-timed (``runs_code`` is False). Recorded Kernel Tuner caches
+(other kernels, other spaces) are replayed by ``strategy-bench``.
 """
 
 from __future__ import annotations
@@ -11,18 +12,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kernelforge.block import Block, Shape
+from kernelforge.block import DTYPES, Block, Shape
+from kernelforge.candidate import source_id
 from kernelforge.errors import UserError
 from kernelforge.result import Evaluation
 from kernelforge.result import Status, Timing, Verification
-from kernelforge.store.store import Store, StoredResult
+from kernelforge.result import StoredResult
+from kernelforge.store.store import Store
 
 
-class ReplayDevice:
-    """Looks evaluations up in a recorded kernelforge database instead of running them."""
+class ReplayExecutor:
+    """Looks evaluations up in a recorded kernelforge database instead of running them
+    (an :class:`~kernelforge.execute.executor.Executor` of kind ``replay``)."""
 
-    name = "replay"
-    torch_device = "cpu"
+    kind = "replay"
+    runs_code = False
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -54,12 +58,17 @@ class ReplayDevice:
             "timing": f"replayed from {self.path.name} (measured on {recorded})",
         }
 
-    def evaluate(self, block: Block, candidate_id: str, shapes: list[Shape], dtype: str) -> list[Evaluation]:
+    def evaluate(self, block: Block, source: str, shapes: list[Shape], dtype, *,
+                 deterministic: bool = True) -> list[Evaluation]:
+        """The recorded evaluations of the candidate whose source is ``source`` (looked up by its
+        id, the hash of the source), one per shape."""
+        candidate_id = source_id(source)
+        dtype_name = _dtype_name(dtype)
         label = f"replayed from {self.path.name} (measured on {(self._env or {}).get('device_name', '?')})"
         out = []
         for shape in shapes:
-            row = self._index.get((candidate_id, shape.name, dtype))
-            counts = block.counts(shape, _torch_dtype(dtype))
+            row = self._index.get((candidate_id, shape.name, dtype_name))
+            counts = block.counts(shape, DTYPES[dtype_name])
             if row is None:
                 verdict = Verification(Status.RUNTIME_ERROR, message=f"{shape.name}: not in the recording {self.path.name}")
                 out.append(Evaluation(shape, verdict, counts))
@@ -72,8 +81,17 @@ class ReplayDevice:
             out.append(Evaluation(shape, verdict, counts, timing))
         return out
 
+    def pair_speedups(self, block: Block, baseline_source: str, candidate_source: str, shape: Shape, dtype,
+                      pairs: int) -> list[float]:
+        """Nothing can be re-timed from a recording."""
+        return []
 
-def _torch_dtype(name: str):
-    from kernelforge.block import DTYPES
+    def close(self) -> None:
+        self.store.close()
 
-    return DTYPES[name]
+
+def _dtype_name(dtype) -> str:
+    """The name of a dtype (a torch dtype or already its name, as in :data:`DTYPES`)."""
+    if isinstance(dtype, str):
+        return dtype
+    return next(name for name, value in DTYPES.items() if value == dtype)

@@ -2,9 +2,14 @@
 verified, timed and tuned by the search like any other template.
 
 - :mod:`.client`: the endpoint (timeouts, retries with backoff, Retry-After, redaction of the key);
-- :mod:`.prompts`: the Jinja2 prompts shipped in ``kernelforge/prompts/``;
+- :mod:`.workers`: the threads requests run on while the device evaluates;
+- :mod:`.prompts`: the Jinja2 prompts shipped in ``llm/templates/``;
+- :mod:`.context`: what the generator reads of the search, and the prompt built from it;
 - :mod:`.parse`: what an answer holds (a template, points, or why neither);
-- :mod:`.generator`: the strategy itself (parents, repairs, background requests) and its replay.
+- :mod:`.base`: taking answers in, the LLM log, settling verdicts (repairs), the summary;
+- :mod:`.generator`: the live generator (parents, repairs, background requests);
+- :mod:`.replay`: the offline generator that hands stored answers back;
+- :mod:`.proposer`: both behind the search's proposer seam (:func:`.proposer.for_job`).
 
 Enabled by a job's ``[llm]`` table or ``kernelforge search JOB --llm URL --llm-model NAME``;
 ``--llm replay`` reruns a search offline from the transcripts stored in the job database.

@@ -1,5 +1,5 @@
-"""The LLM generator: a strategy that writes new templates (and proposes points) while the search
-evaluates, and learns from what the search stored.
+"""The live LLM generator: a strategy that writes new templates (and proposes points) while the
+search evaluates, and learns from what the search stored.
 
 Evolutionary, best-first with diversity: each new request names a parent among the best verified
 candidates of its block (the one with the fewest children among the top few), shows the model the
@@ -7,96 +7,31 @@ standings, resources and earlier failures, and asks for a faster template. A tem
 (parse, policy, compile, verification) gets up to ``repair_turns`` follow-up turns in the same
 conversation with its error. Requests run on background threads (at most ``concurrency`` in
 flight) while the device evaluates; the search polls, between evaluations, for what came back.
-
-Every attempt is stored in ``kf_llm_calls`` with the search's evaluation count at the moment its
-response was taken in (``tick``). :class:`ReplayGenerator` hands the stored responses back at the
-same ticks, in the same order, with the same parents, so a replayed search (``--llm replay``)
-makes the same decisions offline: the same templates, the same Optuna points, the same candidates.
+:mod:`kernelforge.llm.replay` hands stored answers back instead; :mod:`kernelforge.llm.proposer`
+puts either behind the search's proposer seam.
 """
 
 from __future__ import annotations
 
-import ast
 import os
-import queue
-import threading
 import time
 from collections import Counter, deque
 from concurrent.futures import FIRST_COMPLETED, Future
 from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from kernelforge.job import LLMSpec, redact_url
+from kernelforge.llm.base import BaseGenerator, Response
 from kernelforge.llm.client import Attempt, ChatClient, Exchange, OpenAIChatClient
-from kernelforge.llm.parse import Parsed, parse_answer
-from kernelforge.llm.prompts import device_facts, new_prompt, repair_prompt, resources, standings, system_prompt
+from kernelforge.llm.context import PARENT_POOL, PromptContext
+from kernelforge.llm.prompts import repair_prompt, system_prompt
+from kernelforge.llm.workers import RequestThreads
+from kernelforge.search.gate import PolicyUnavailable, require_policy
+from kernelforge.search.proposer import Outcome
 
-if TYPE_CHECKING:
-    from kernelforge.search.loop import Search
-    from kernelforge.template import Template
-
-#: What a response can become, beyond the evaluation statuses (ok, wrong, compile_error, ...).
-ANSWER_FAILURES = ("no_code", "truncated", "invalid_template", "invalid_points")
-#: Outcomes that earn the conversation a repair turn (when turns are left).
-REPAIRABLE = set(ANSWER_FAILURES) | {"policy", "compile_error", "wrong", "rejected", "runtime_error", "timeout"}
-#: How many of the best candidates a parent is chosen from.
-PARENT_POOL = 4
 #: Consecutive requests that got no answer at all before the generator gives up.
 MAX_FAILED_REQUESTS = 3
-
-
-class PolicyUnavailable(RuntimeError):
-    """kernelforge.execute.policy cannot be imported: LLM-written code is never run without it."""
-
-
-def _check_source():
-    try:
-        from kernelforge.execute.policy import check_source
-    except ImportError as exc:
-        raise PolicyUnavailable(f"kernelforge.execute.policy cannot be imported ({exc}); LLM-written code never runs "
-                                "without the static policy check") from None
-    return check_source
-
-
-def policy_problems(source: str) -> list[str]:
-    """The static policy's objections to ``source`` (empty: allowed). Imported lazily: the policy
-    module is its own stage of the flow. Raises :class:`PolicyUnavailable` without it.
-
-    A source that is not valid Python passes here: nothing of it can run, and the compile step
-    reports it as the compile error it is (with the line), which is what the model needs to hear.
-    """
-    check = _check_source()
-    try:
-        ast.parse(source)
-    except (SyntaxError, ValueError):
-        return []
-    return list(check(source))
-
-
-@dataclass
-class Proposal:
-    """One response as the search sees it.
-
-    ``kind`` is ``template`` or ``points`` (the search acts on it and then calls
-    :meth:`BaseGenerator.settle`), or a failure already settled. ``parent`` is the candidate the
-    model was asked to improve on (the failed candidate for a repair).
-    """
-
-    seq: int
-    block_id: str
-    kind: str
-    purpose: str
-    parent: str | None
-    depth: int
-    message: str = ""
-    template: "Template | None" = None
-    target: str | None = None
-    points: list[dict[str, Any]] = field(default_factory=list)
-    row_id: int | None = None
-    messages: list[dict[str, str]] = field(default_factory=list)  # the conversation, for a repair turn
-    answer: str = ""
-    settled: bool = False
 
 
 @dataclass
@@ -109,255 +44,21 @@ class _Request:
     order: int
 
 
-class SearchContext:
-    """What the generator reads from the running search (through the store, mostly)."""
-
-    def __init__(self, search: "Search"):
-        self.search = search
-
-    @property
-    def blocks(self) -> list[str]:
-        return [spec.id for spec in self.search.job.blocks]
-
-    @property
-    def tick(self) -> int:
-        return self.search._llm_tick
-
-    def capacity(self, block_id: str) -> int:
-        return self.search._llm_capacity(block_id)
-
-    def _shapes(self, block_id: str):
-        spec = next(s for s in self.search.job.blocks if s.id == block_id)
-        return self.search.catalog.block(block_id).shapes(spec.shapes)
-
-    def standings(self, block_id: str, limit: int = PARENT_POOL) -> list[dict[str, Any]]:
-        s = self.search
-        return standings(s.store, block_id, [x.name for x in self._shapes(block_id)], s.dtype_name, s.env_key,
-                         s.baselines[block_id].id, limit)
-
-    def template(self, template_id: str) -> "Template | None":
-        s = self.search
-        if template_id in s._llm_templates:
-            return s._llm_templates[template_id]
-        try:
-            return s.catalog.template(template_id)
-        except Exception:  # a template removed since it was stored: show no source
-            return None
-
-    def prompt(self, block_id: str, parent_id: str | None) -> str:
-        s = self.search
-        block = s.catalog.block(block_id)
-        shapes = self._shapes(block_id)
-        baseline = s.catalog.baseline(block_id)
-        rows = self.standings(block_id, limit=5)
-        parent = None
-        stored = s.store.candidate(parent_id) if parent_id else None
-        if stored is not None:
-            template = self.template(stored.template)
-            parent = {"template_id": stored.template, "origin": stored.origin, "id": stored.id,
-                      "point": " ".join(f"{k}={v}" for k, v in stored.params.items()),
-                      "text": (template.text.rstrip() if template else stored.source.rstrip())}
-        base_times = {r.shape: r.median_s for r in s.baseline_results.get(block_id, {}).values() if r.median_s}
-        failures = [{"what": c["template_id"] or f"answer #{c['seq']}", "status": c["kind"],
-                     "message": c["message"] or ""}
-                    for c in s.store.llm_calls(s.job.name, final_only=True)
-                    if c["block"] == block_id and c["kind"] in REPAIRABLE]
-        template_ids = [st.template.id for st in s._llm_studies_of(block_id)] or [baseline.id]
-        template_ids = list(dict.fromkeys([baseline.id, *template_ids]))
-        return new_prompt(
-            block=block, dtype_name=s.dtype_name, shapes=shapes, baseline=baseline,
-            baseline_point=dict(baseline.baseline), parent=parent, standings_rows=rows,
-            resource_lines=resources(s.store, [r["id"] for r in rows], s.target, s.dtype_name),
-            failures=failures, device=device_facts(s.env, block, shapes, s.dtype, base_times), target=s.target,
-            template_ids=template_ids,
-        )
-
-
-class _Workers:
-    """A few daemon threads running requests: unlike a ThreadPoolExecutor, a request still waiting
-    on a slow server never holds up the exit of an interrupted search."""
-
-    def __init__(self, count: int):
-        self._queue: queue.Queue = queue.Queue()
-        self._threads = [threading.Thread(target=self._work, daemon=True, name=f"kf-llm-{i}") for i in range(count)]
-        for thread in self._threads:
-            thread.start()
-
-    def submit(self, fn, *args) -> Future:
-        future: Future = Future()
-        self._queue.put((future, fn, args))
-        return future
-
-    def _work(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            future, fn, args = item
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(fn(*args))
-            except BaseException as exc:  # handed to the search thread, which records it
-                future.set_exception(exc)
-
-    def close(self) -> None:
-        for _ in self._threads:
-            self._queue.put(None)
-
-
-class BaseGenerator:
-    """What the live and the replaying generator share: recording, settling, the summary."""
-
-    def __init__(self, spec: LLMSpec, *, job_name: str, store, progress, context: SearchContext, record: bool = True):
-        self.spec = spec
-        self.job_name = job_name
-        self.store = store
-        self.progress = progress
-        self.context = context
-        self.record = record
-        usage = store.llm_usage(job_name)
-        self.run = usage["last_run"] + 1
-        self._seq = usage["last_seq"]
-        self.stopped: str | None = None
-        self.kinds: Counter[str] = Counter()
-        self.requests = 0
-        self.attempts = 0
-        self.tokens = 0
-
-    # -- the search's side ---------------------------------------------------------------------
-
-    def pump(self) -> None:
-        """Start what can be started (live: new requests)."""
-
-    def poll(self) -> list[Proposal]:
-        """Responses taken in since the last poll that the search must act on."""
-        raise NotImplementedError
-
-    def wait(self, timeout: float) -> None:
-        """Block until something may be ready (at most ``timeout`` seconds)."""
-
-    @property
-    def busy(self) -> bool:
-        """Something is coming (a request in flight, a stored response not yet handed over)."""
-        return False
-
-    def can_submit(self) -> bool:
-        """Whether :meth:`pump` would start a request now."""
-        return False
-
-    def settle(self, proposal: Proposal, kind: str, message: str = "", *, template_id: str | None = None,
-               candidate_id: str | None = None, point: dict[str, Any] | None = None) -> None:
-        """What the search made of a proposal: stored with the response; a failure may earn a repair.
-        Only the first verdict counts (per-shape tuning evaluates a template once per shape)."""
-        if proposal.settled:
-            return
-        proposal.settled = True
-        self.kinds[kind] += 1
-        if proposal.row_id is not None and self.record:
-            self.store.set_llm_outcome(proposal.row_id, kind, message, template_id=template_id,
-                                       candidate_id=candidate_id)
-        self.progress.event("llm_result", block=proposal.block_id, seq=proposal.seq, outcome=kind,
-                            template=template_id, candidate=candidate_id, message=message[:300])
-        if kind in REPAIRABLE:
-            self._repair(proposal, kind, message, template_id, candidate_id, point)
-
-    def _repair(self, proposal: Proposal, kind: str, message: str, template_id: str | None,
-                candidate_id: str | None, point: dict[str, Any] | None) -> None:
-        """Queue a repair turn (live only)."""
-
-    def summary(self) -> dict[str, Any]:
-        return {"requests": self.requests, "attempts": self.attempts, "tokens": self.tokens,
-                "kinds": dict(self.kinds), "stopped": self.stopped or ""}
-
-    def stop(self, reason: str, *, failure: bool = True) -> None:
-        if self.stopped is None:
-            self.stopped = reason
-            if failure:
-                self.progress.event("warning", message=f"LLM generator stopped: {reason}; the search goes on "
-                                                       "without it")
-            else:
-                self.progress.event("llm_stopped", message=reason)
-
-    def close(self) -> None:
-        pass
-
-    # -- shared mechanics ----------------------------------------------------------------------
-
-    def _take_in(self, block_id: str, purpose: str, parent: str | None, depth: int, exchange: Exchange,
-                 *, replayed_from: str | None = None, messages: list[dict[str, str]] | None = None) -> Proposal:
-        """Record a finished request and turn its answer into a proposal."""
-        self._seq += 1
-        self.requests += 1
-        self.attempts += len(exchange.attempts)
-        self.tokens += exchange.tokens
-        final = exchange.final
-        parsed: Parsed | None = None
-        if exchange.ok:
-            parsed = parse_answer(exchange.text, block_id, finish_reason=final.finish_reason,
-                                  where=f"LLM answer #{self._seq}")
-            kind, message = parsed.kind, parsed.message
-        else:
-            kind = final.status if final else "error"
-            message = (final.error if final else None) or exchange.fatal or "no answer"
-        settled_now = kind not in ("template", "points")
-        row_id = None
-        if self.record:
-            rows = [self._row(block_id, purpose, parent, depth, exchange, a, i == len(exchange.attempts) - 1,
-                              replayed_from) for i, a in enumerate(exchange.attempts)]
-            if rows:
-                rows[-1]["kind"] = kind if settled_now else None
-                rows[-1]["message"] = message if settled_now else None
-                if parsed is not None and parsed.template is not None:
-                    rows[-1]["template_id"] = parsed.template.id
-                row_id = self.store.add_llm_calls(rows)[-1]
-        proposal = Proposal(self._seq, block_id, kind, purpose, parent, depth, message,
-                            template=parsed.template if parsed else None, target=parsed.target if parsed else None,
-                            points=parsed.points if parsed else [], row_id=row_id, messages=list(messages or []),
-                            answer=exchange.text)
-        self.progress.event("llm", block=block_id, seq=self._seq, purpose=purpose, outcome=kind,
-                            attempts=[a.status for a in exchange.attempts], tokens=exchange.tokens,
-                            latency_s=round(sum(a.latency_s for a in exchange.attempts), 3),
-                            template=parsed.template.id if parsed and parsed.template else None,
-                            message=message[:300] if settled_now else "")
-        if settled_now:
-            self.kinds[kind] += 1
-            if kind in REPAIRABLE:
-                self._repair(proposal, kind, message, None, None, None)
-        return proposal
-
-    def _row(self, block_id: str, purpose: str, parent: str | None, depth: int, exchange: Exchange,
-             attempt: Attempt, final: bool, replayed_from: str | None) -> dict[str, Any]:
-        return {
-            "job": self.job_name, "run": self.run, "seq": self._seq, "attempt": attempt.attempt, "final": final,
-            "block": block_id, "purpose": purpose, "parent": parent, "depth": depth,
-            "model": str(exchange.params.get("model", "")), "base_url": redact_url(self._base_url()),
-            "request": exchange.request_json(), "request_hash": exchange.request_hash(), "response": attempt.text,
-            "finish_reason": attempt.finish_reason, "status": attempt.status, "http_status": attempt.http_status,
-            "error": attempt.error, "prompt_tokens": attempt.prompt_tokens,
-            "completion_tokens": attempt.completion_tokens, "latency_s": attempt.latency_s,
-            "tick": self.context.tick, "replayed_from": replayed_from,
-        }
-
-    def _base_url(self) -> str:
-        return self.spec.base_url
-
-
 class LLMGenerator(BaseGenerator):
     """Asks a live endpoint for templates (see the module docstring)."""
 
-    def __init__(self, spec: LLMSpec, *, job_name: str, store, progress, context: SearchContext,
+    def __init__(self, spec: LLMSpec, *, job_name: str, store, progress, context: PromptContext,
                  client: ChatClient | None = None, seed: int = 0):
         super().__init__(spec, job_name=job_name, store=store, progress=progress, context=context)
         usage = store.llm_usage(job_name)
         # Budgets carry over a resumed search: calls and tokens already spent by this job count.
-        self.calls_left = max(0, spec.max_calls - usage["requests"])
-        self.tokens_before = usage["tokens"]
+        self.calls_left = max(0, spec.max_calls - usage.requests)
+        self.tokens_before = usage.tokens
         self.started: float | None = None
         self.deadline: float | None = None
         self._client = client
         self._seed = seed
-        self._workers: _Workers | None = None
+        self._workers: RequestThreads | None = None
         self._inflight: dict[Future, _Request] = {}
         self._order = 0
         self._repairs: dict[str, deque[_Request]] = {}
@@ -385,7 +86,7 @@ class LLMGenerator(BaseGenerator):
                           "set it to the endpoint's API key")
                 return False
         try:
-            _check_source()
+            require_policy()  # the search's policy gate: no policy, no LLM-written code
         except PolicyUnavailable as exc:
             self.stop(str(exc))
             return False
@@ -403,7 +104,7 @@ class LLMGenerator(BaseGenerator):
                 self.stop(f"cannot create the chat client for {redact_url(self.spec.base_url)}: "
                           f"{type(exc).__name__}: {message}")
                 return False
-        self._workers = _Workers(self.spec.concurrency)
+        self._workers = RequestThreads(self.spec.concurrency)
         return True
 
     def _budget_reason(self) -> str | None:
@@ -460,7 +161,7 @@ class LLMGenerator(BaseGenerator):
         self._order += 1
         return _Request(block_id, "new", parent, 0, messages, self._order)
 
-    def _repair(self, proposal: Proposal, kind: str, message: str, template_id: str | None,
+    def _repair(self, proposal: Response, kind: str, message: str, template_id: str | None,
                 candidate_id: str | None, point: dict[str, Any] | None) -> None:
         if proposal.depth >= self.spec.repair_turns or not proposal.messages:
             return
@@ -475,7 +176,7 @@ class LLMGenerator(BaseGenerator):
         self._repairs.setdefault(proposal.block_id, deque()).append(
             _Request(proposal.block_id, "repair", parent, proposal.depth + 1, messages, self._order))
 
-    def poll(self) -> list[Proposal]:
+    def poll(self) -> list[Response]:
         done = sorted((f for f in self._inflight if f.done()), key=lambda f: self._inflight[f].order)
         proposals = []
         for future in done:
@@ -496,7 +197,7 @@ class LLMGenerator(BaseGenerator):
                 if self._failed_in_a_row >= MAX_FAILED_REQUESTS:
                     self.stop(f"{self._failed_in_a_row} requests in a row got no answer (last: {proposal.kind}: "
                               f"{proposal.message})")
-            if proposal.kind in ("template", "points"):
+            if proposal.kind in (Outcome.TEMPLATE, Outcome.POINTS):
                 proposals.append(proposal)
         return proposals
 
@@ -527,74 +228,3 @@ class LLMGenerator(BaseGenerator):
             self._workers.close()
         if self._client is not None:
             self._client.close()
-
-
-class ReplayGenerator(BaseGenerator):
-    """Serves the responses stored in ``source`` (another job database, or this one) instead of
-    asking an endpoint: each at the tick it was taken in originally, with its original parent.
-
-    When the replayed search diverges (a response's tick is never reached because the search ran
-    out of work earlier), the next response is handed over when the search would otherwise wait.
-    """
-
-    def __init__(self, spec: LLMSpec, *, job_name: str, store, progress, context: SearchContext, source):
-        same = source is store or getattr(source, "url", None) == store.url
-        super().__init__(spec, job_name=job_name, store=store, progress=progress, context=context, record=not same)
-        self._source = None if same else source
-        self.source_url = redact_url(source.url)
-        calls = source.llm_calls(job_name)
-        if not calls:
-            jobs = sorted({c["job"] for c in source.llm_calls()})
-            if len(jobs) == 1:
-                calls = source.llm_calls(jobs[0])
-        # One replayed request per original request, in the order they were taken in.
-        grouped: dict[tuple[int, int], list[dict[str, Any]]] = {}
-        for row in calls:
-            grouped.setdefault((row["run"], row["seq"]), []).append(row)
-        self._queue = deque(sorted(grouped.values(), key=lambda rows: (rows[0]["run"], rows[0]["seq"])))
-        self._release_next = False
-        if not self._queue:
-            self.stop(f"--llm replay: {self.source_url} holds no LLM transcripts for job {job_name!r}")
-
-    def poll(self) -> list[Proposal]:
-        proposals = []
-        while self._queue:
-            rows = self._queue[0]
-            if rows[-1]["tick"] > self.context.tick and not self._release_next:
-                break
-            self._queue.popleft()
-            self._release_next = False
-            proposal = self._take_in(rows[-1]["block"], rows[-1]["purpose"], rows[-1]["parent"], rows[-1]["depth"],
-                                     _exchange(rows), replayed_from=self.source_url)
-            if proposal.kind in ("template", "points"):
-                proposals.append(proposal)
-        if not self._queue and self.stopped is None:
-            self.stop("every stored response was replayed", failure=False)
-        return proposals
-
-    def wait(self, timeout: float) -> None:
-        # Nothing to wait for offline: the search is idle, so hand over the next response now.
-        self._release_next = bool(self._queue)
-
-    @property
-    def busy(self) -> bool:
-        return bool(self._queue)
-
-    def _base_url(self) -> str:
-        return f"replay of {self.source_url}"
-
-    def close(self) -> None:
-        if self._source is not None:
-            self._source.close()
-
-
-def _exchange(rows: list[dict[str, Any]]) -> Exchange:
-    import json
-
-    request = json.loads(rows[-1]["request"])
-    messages = request.pop("messages", [])
-    attempts = [Attempt(r["attempt"], r["status"], r["latency_s"] or 0.0, text=r["response"],
-                        finish_reason=r["finish_reason"], prompt_tokens=r["prompt_tokens"],
-                        completion_tokens=r["completion_tokens"], http_status=r["http_status"], error=r["error"])
-                for r in rows]
-    return Exchange(messages, request, attempts)

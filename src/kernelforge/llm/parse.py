@@ -16,6 +16,7 @@ from typing import Any
 
 from kernelforge.candidate import source_id
 from kernelforge.errors import TemplateError
+from kernelforge.search.proposer import Outcome
 from kernelforge.template import Template
 
 if sys.version_info >= (3, 11):
@@ -35,7 +36,7 @@ class Parsed:
     says what was wrong.
     """
 
-    kind: str
+    kind: Outcome
     message: str = ""
     template: Template | None = None
     target: str | None = None
@@ -43,7 +44,7 @@ class Parsed:
 
     @property
     def ok(self) -> bool:
-        return self.kind in ("template", "points")
+        return self.kind in (Outcome.TEMPLATE, Outcome.POINTS)
 
 
 def fenced_blocks(text: str) -> tuple[list[tuple[str, str]], bool]:
@@ -86,35 +87,35 @@ def parse_answer(text: str, block_id: str, *, finish_reason: str | None = None, 
     if headed:
         body = headed[-1].strip() + "\n"  # the last one: models often show a draft, then the final
         try:
-            return Parsed("template", template=llm_template(body, block_id, where))
+            return Parsed(Outcome.TEMPLATE, template=llm_template(body, block_id, where))
         except TemplateError as exc:
-            return Parsed("invalid_template", message=str(exc))
+            return Parsed(Outcome.INVALID_TEMPLATE, message=str(exc))
     points = [body for tag, body in blocks if tag in ("toml", "") and re.search(r"^\s*(\[\[points\]\]|points\s*=)",
                                                                                body, re.MULTILINE)]
     if points:
         return _points(points[-1], block_id)
     if open_fence or finish_reason == "length":
-        return Parsed("truncated", message="the answer was cut off before its code block ended (finish_reason "
+        return Parsed(Outcome.TRUNCATED, message="the answer was cut off before its code block ended (finish_reason "
                                            f"{finish_reason or 'stop'}); answer with the complete template only, "
                                            "without explanations")
     if blocks:
-        return Parsed("invalid_template", message="the code block has no header: a template starts with "
+        return Parsed(Outcome.INVALID_TEMPLATE, message="the code block has no header: a template starts with "
                                                   "{#- [template] ... [space] ... [baseline] ... -#}")
-    return Parsed("no_code", message="the answer contains no code block; answer with one fenced code block holding "
-                                     "the complete template")
+    return Parsed(Outcome.NO_CODE, message="the answer contains no code block; answer with one fenced code block "
+                                           "holding the complete template")
 
 
 def _points(body: str, block_id: str) -> Parsed:
     try:
         doc = tomllib.loads(body)
     except tomllib.TOMLDecodeError as exc:
-        return Parsed("invalid_points", message=f"the points block is not valid TOML ({exc})")
+        return Parsed(Outcome.INVALID_POINTS, message=f"the points block is not valid TOML ({exc})")
     target = doc.get("template")
     points = doc.get("points")
     if not isinstance(target, str) or not target:
-        return Parsed("invalid_points", message='the points block needs template = "<template id>"')
+        return Parsed(Outcome.INVALID_POINTS, message='the points block needs template = "<template id>"')
     if not isinstance(points, list) or not points or not all(isinstance(p, dict) for p in points):
-        return Parsed("invalid_points", message="the points block needs points = [{NAME = value, ...}, ...]")
+        return Parsed(Outcome.INVALID_POINTS, message="the points block needs points = [{NAME = value, ...}, ...]")
     if "/" not in target:
         target = f"{block_id}/{target}"
-    return Parsed("points", target=target, points=[dict(p) for p in points])
+    return Parsed(Outcome.POINTS, target=target, points=[dict(p) for p in points])

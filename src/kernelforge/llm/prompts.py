@@ -50,12 +50,13 @@ def system_prompt() -> str:
 @functools.lru_cache(maxsize=32)
 def _facts(block_type: type, block_id: str, dtype_name: str) -> dict[str, Any]:
     from kernelforge.block import DTYPES
+    from kernelforge.execute.contract import allocate
 
     module = inspect.getmodule(block_type)
     docs = [d for d in (module.__doc__ if module else None, block_type.__doc__) if d]
     block = block_type(block_id)
     shape = block.shape_sets()["smoke"][0]
-    inputs, output = [], "?"
+    inputs, output, output_names = [], "?", ["out"]
     try:
         made = block.make_inputs(shape, DTYPES[dtype_name], "cpu", 0)
         for name, value in made.items():
@@ -63,8 +64,10 @@ def _facts(block_type: type, block_id: str, dtype_name: str) -> dict[str, Any]:
                 inputs.append(f"{name}: tensor {tuple(value.shape)} {str(value.dtype).replace('torch.', '')}")
             else:
                 inputs.append(f"{name}: {type(value).__name__} = {value!r}")
-        out = block.make_output(shape, DTYPES[dtype_name], "cpu")
-        output = f"tensor {tuple(out.shape)} {str(out.dtype).replace('torch.', '')}"
+        outs = allocate(block, shape, DTYPES[dtype_name], "cpu")
+        output = ", ".join(f"`{name}` (tensor {tuple(v.shape)} {str(v.dtype).replace('torch.', '')})"
+                           for name, v in outs.items())
+        output_names = list(outs)
     except Exception as exc:  # a block whose inputs cannot be made on a CPU: the source still says
         inputs.append(f"(could not be shown: {type(exc).__name__})")
     return {
@@ -73,6 +76,8 @@ def _facts(block_type: type, block_id: str, dtype_name: str) -> dict[str, Any]:
         "make_inputs": textwrap.dedent(inspect.getsource(block_type.make_inputs)).rstrip(),
         "inputs": inputs,
         "output": output,
+        "output_names": output_names,
+        "inplace": list(block.inplace),
         "example_shape": f"{shape.name} {shape.as_dict()}",
     }
 
@@ -117,13 +122,13 @@ def resources(store, candidate_ids: Iterable[str], target: str | None, dtype: st
         row = store.compile(cid, target, dtype)
         if row is None:
             continue
-        for k in row["kernels"]:
+        for k in row.kernels:
             spills = "-" if k.get("spill_stores") is None else f"{k['spill_stores']}/{k['spill_loads']} B"
             lines.append(f"{cid} {k.get('name')}: registers {k.get('registers', '-')}, spill stores/loads {spills}, "
                          f"shared memory {k.get('shared_bytes', '-')} B, warps {k.get('num_warps')}, "
                          f"stages {k.get('num_stages')}")
-        if row["status"] != "ok":
-            lines.append(f"{cid}: {row['status']}: {_short(row['message'])}")
+        if row.status != "ok":
+            lines.append(f"{cid}: {row.status}: {_short(row.message)}")
     return lines
 
 
@@ -139,7 +144,8 @@ def device_facts(env: dict[str, Any], block: Block, shapes: list[Shape], dtype, 
             "Triton's interpreter on a CPU (no GPU here). Correctness is real; times are interpreter wall "
             "time, roughly programs x loop iterations x operations per program, so fewer, larger programs "
             "are faster. They say nothing about GPU speed; the kernel must still be a good GPU kernel.")}
-    name = env.get("recorded_device") if device == "replay" else env.get("device_name", "")
+    # The device that measured: a replay's environment names the recorded one.
+    name = env.get("recorded_device") or env.get("device_name", "")
     ceilings = ceilings_for(str(name or ""))
     if ceilings is None:
         return {"timing": timing, "roofline": [], "description": f"{name}: ceilings unknown."}

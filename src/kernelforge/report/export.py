@@ -16,7 +16,7 @@
 Every export also writes ``kernelforge-export-<format>.json`` (one per format, so exports of several
 formats can share the default folder): which job, device and versions, and for each
 exported entry the candidate, its speedup and whether the confirmation re-timing backed it.
-Only stored data is exported: winners are the report's winners (:func:`kernelforge.report.report.collect`).
+Only stored data is exported: winners are the report's winners (:func:`kernelforge.report.collect.collect`).
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from kernelforge.catalog import Catalog
 from kernelforge.errors import UserError
 from kernelforge.devices.hardware import timed_device_name
 from kernelforge.job import Job
+from kernelforge.report.collect import collect
+from kernelforge.report.records import Report, ShapeRow
 from kernelforge.store.store import Store
 
 FORMATS = ("vllm", "triton", "source")
@@ -55,54 +57,54 @@ def vllm_file_name(E: int, N: int, device_name: str, dtype: str) -> str:
     return f"E={E},N={N},device_name={device_name}{suffix}.json"
 
 
-def _provenance(row: dict[str, Any]) -> dict[str, Any]:
-    return {"shape": row["shape"], "candidate": row["winner"], "template": row["template"],
-            "is_baseline": row["winner_is_baseline"], "speedup": row["speedup"],
-            "speedup_p20": row["speedup_p20"], "speedup_p80": row["speedup_p80"],
-            "confirmed": row["confirmed"], "significant": row["significant"], "params": row["params"]}
+def _provenance(row: ShapeRow) -> dict[str, Any]:
+    """The provenance entry of one exported shape (kernelforge-export-<format>.json)."""
+    return {"shape": row.shape, "candidate": row.winner, "template": row.template,
+            "is_baseline": row.winner_is_baseline, "speedup": row.speedup,
+            "speedup_p20": row.speedup_p20, "speedup_p80": row.speedup_p80,
+            "confirmed": row.confirmed, "significant": row.significant, "params": row.params}
 
 
-def vllm_configs(data: dict[str, Any], catalog: Catalog) -> tuple[dict[str, dict[str, dict[str, int]]], list[str], list[dict]]:
-    """File name -> {token count: config} for the MoE blocks of collected report ``data``, the notes
+def vllm_configs(data: Report, catalog: Catalog) -> tuple[dict[str, dict[str, dict[str, int]]], list[str], list[dict]]:
+    """File name -> {token count: config} for the MoE blocks of a collected report, the notes
     (what was skipped and why) and the provenance entries."""
     files: dict[str, dict[str, dict[str, int]]] = {}
     chosen: dict[tuple[str, str], dict[str, Any]] = {}
     notes: list[str] = []
     entries: list[dict] = []
-    moe_blocks = [b for b in data["blocks"] if b["block"] in catalog.blocks and catalog.block(b["block"]).family == "moe"]
+    moe_blocks = [b for b in data.blocks if b.block in catalog.blocks and catalog.block(b.block).family == "moe"]
     if not moe_blocks:
-        raise UserError(f"job {data['job']} has no MoE block; --format vllm writes fused_moe configs "
+        raise UserError(f"job {data.job} has no MoE block; --format vllm writes fused_moe configs "
                         "(use --format triton or --format source for other blocks)")
     for block in moe_blocks:
-        env = data["environments"].get(block["env_key"] or "", {})
-        device = vllm_device_name(env)
-        for row in block["shapes"]:
-            dims = row.get("dims") or {}
+        device = vllm_device_name(data.env(block))
+        for row in block.shapes:
+            dims = row.dims or {}
             if not all(k in dims for k in ("T", "E", "I")):
-                notes.append(f"{block['block']} {row['shape']}: no T/E/I dimensions; skipped")
+                notes.append(f"{block.block} {row.shape}: no T/E/I dimensions; skipped")
                 continue
-            if row["best_s"] is None:
-                notes.append(f"{block['block']} {row['shape']}: no timed winner stored; skipped")
+            if row.best_s is None:
+                notes.append(f"{block.block} {row.shape}: no timed winner stored; skipped")
                 continue
-            missing = [k for k in VLLM_KEYS if k not in row["params"]]
+            missing = [k for k in VLLM_KEYS if k not in row.params]
             if missing:
-                notes.append(f"{block['block']} {row['shape']}: the winner's template {row['template']} has no "
+                notes.append(f"{block.block} {row.shape}: the winner's template {row.template} has no "
                              f"{', '.join(missing)}; vLLM's fused_moe kernel cannot use it; skipped")
                 continue
-            name = vllm_file_name(int(dims["E"]), int(dims["I"]), device, data["dtype"])
+            name = vllm_file_name(int(dims["E"]), int(dims["I"]), device, data.dtype)
             key = str(int(dims["T"]))
             previous = chosen.get((name, key))
             # vLLM keys configs by token count only: when two stored shapes share E, N and T (other
             # routings), the uniform-routing one stands for the serving case.
             if previous is not None:
                 if dims.get("ROUTING", "uniform") != "uniform" or previous["routing"] == "uniform":
-                    notes.append(f"{block['block']} {row['shape']}: same E, N and T as {previous['shape']}; kept that one")
+                    notes.append(f"{block.block} {row.shape}: same E, N and T as {previous['shape']}; kept that one")
                     continue
-            chosen[(name, key)] = {"shape": row["shape"], "routing": dims.get("ROUTING", "uniform")}
-            files.setdefault(name, {})[key] = {k: int(row["params"][k]) for k in VLLM_KEYS}
+            chosen[(name, key)] = {"shape": row.shape, "routing": dims.get("ROUTING", "uniform")}
+            files.setdefault(name, {})[key] = {k: int(row.params[k]) for k in VLLM_KEYS}
             entries.append({"file": name, "token_count": key, **_provenance(row)})
     if not files:
-        raise UserError(f"job {data['job']}: no MoE winner could be exported ({'; '.join(notes) or 'nothing stored'})")
+        raise UserError(f"job {data.job}: no MoE winner could be exported ({'; '.join(notes) or 'nothing stored'})")
     for name in files:
         files[name] = dict(sorted(files[name].items(), key=lambda kv: int(kv[0])))
     return files, notes, entries
@@ -115,21 +117,21 @@ def _config_expr(params: dict[str, Any], module: str = "triton") -> str:
     return f"{module}.Config({kwargs!r}{extra})"
 
 
-def triton_modules(data: dict[str, Any], store: Store) -> tuple[dict[str, str], list[dict]]:
+def triton_modules(data: Report, store: Store) -> tuple[dict[str, str], list[dict]]:
     """Module file name -> text: per block and winning template, the winning kernels and their
     ``triton.Config`` list."""
     modules: dict[str, str] = {}
     entries: list[dict] = []
-    for block in data["blocks"]:
-        rows = [r for r in block["shapes"] if r["best_s"] is not None]
-        by_template: dict[str, list[dict[str, Any]]] = {}
+    for block in data.blocks:
+        rows = [r for r in block.shapes if r.best_s is not None]
+        by_template: dict[str, list[ShapeRow]] = {}
         for r in rows:
-            by_template.setdefault(r["template"] or "?", []).append(r)
+            by_template.setdefault(r.template or "?", []).append(r)
         for template, trows in by_template.items():
             # The kernels come from the winner covering the most shapes (first on a tie).
             counts: dict[str, int] = {}
             for r in trows:
-                counts[r["winner"]] = counts.get(r["winner"], 0) + 1
+                counts[r.winner] = counts.get(r.winner, 0) + 1
             lead = max(counts, key=lambda cid: counts[cid])
             cand = store.candidate(lead)
             if cand is None:
@@ -137,13 +139,13 @@ def triton_modules(data: dict[str, Any], store: Store) -> tuple[dict[str, str], 
             points: list[dict[str, Any]] = []
             shape_index: dict[str, int] = {}
             for r in trows:
-                if r["params"] not in points:
-                    points.append(r["params"])
-                shape_index[r["shape"]] = points.index(r["params"])
-            name = slug(block["block"]) + ("" if len(by_template) == 1 else "__" + slug(template.rpartition("/")[2])) + ".py"
-            env = data["environments"].get(block["env_key"] or "", {})
+                if r.params not in points:
+                    points.append(r.params)
+                shape_index[r.shape] = points.index(r.params)
+            name = slug(block.block) + ("" if len(by_template) == 1 else "__" + slug(template.rpartition("/")[2])) + ".py"
+            env = data.env(block)
             header = [
-                f"# kernelforge export of job {data['job']} ({data['job_file']}), block {block['block']}, "
+                f"# kernelforge export of job {data.job} ({data.job_file}), block {block.block}, "
                 f"template {template}.",
                 f"# Winning kernels: candidate {lead} "
                 f"({'the baseline: nothing beat it' if cand.origin == 'baseline' else cand.origin}); measured on "
@@ -167,37 +169,35 @@ def triton_modules(data: dict[str, Any], store: Store) -> tuple[dict[str, str], 
                 "",
             ]
             modules[name] = "\n".join(header) + cand.source.rstrip("\n") + "\n" + "\n".join(footer)
-            entries.extend({"file": name, "block": block["block"], **_provenance(r)} for r in trows)
+            entries.extend({"file": name, "block": block.block, **_provenance(r)} for r in trows)
     if not modules:
-        raise UserError(f"job {data['job']}: no timed winner stored; run the search first")
+        raise UserError(f"job {data.job}: no timed winner stored; run the search first")
     return modules, entries
 
 
-def source_files(data: dict[str, Any], store: Store) -> tuple[dict[str, str], list[dict]]:
+def source_files(data: Report, store: Store) -> tuple[dict[str, str], list[dict]]:
     """File name -> rendered source of every distinct winner (the baseline where nothing beat it)."""
     files: dict[str, str] = {}
     entries: list[dict] = []
-    for block in data["blocks"]:
-        for r in block["shapes"]:
-            if r["best_s"] is None:
+    for block in data.blocks:
+        for r in block.shapes:
+            if r.best_s is None:
                 continue
-            name = f"{slug(block['block'])}__{r['winner']}.py"
+            name = f"{slug(block.block)}__{r.winner}.py"
             if name not in files:
-                cand = store.candidate(r["winner"])
+                cand = store.candidate(r.winner)
                 if cand is None:
                     continue
                 files[name] = cand.source
-            entries.append({"file": name, "block": block["block"], **_provenance(r)})
+            entries.append({"file": name, "block": block.block, **_provenance(r)})
     if not files:
-        raise UserError(f"job {data['job']}: no timed winner stored; run the search first")
+        raise UserError(f"job {data.job}: no timed winner stored; run the search first")
     return files, entries
 
 
 def export(job: Job, catalog: Catalog, store: Store, fmt: str, out: Path | None = None) -> tuple[list[Path], list[str]]:
     """Write the export of ``fmt`` into ``out`` (default reports/<job>/export/); returns the written
     files and notes (skipped shapes, caveats)."""
-    from kernelforge.report.report import collect
-
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
     out = out or job.report_dir / "export"
@@ -211,13 +211,13 @@ def export(job: Job, catalog: Catalog, store: Store, fmt: str, out: Path | None 
         texts, entries = triton_modules(data, store)
     else:
         texts, entries = source_files(data, store)
-    for banner in data["banners"]:
-        notes.append(f"caveat: {banner['text']}")
+    for banner in data.banners:
+        notes.append(f"caveat: {banner.text}")
     if any(not e["confirmed"] and not e["is_baseline"] for e in entries):
         notes.append("caveat: some exported winners were not confirmed by interleaved re-timing (see 'confirmed' "
                      f"in kernelforge-export-{fmt}.json)")
-    envs = {b["env_key"]: data["environments"].get(b["env_key"] or "", {}) for b in data["blocks"] if b["env_key"]}
-    provenance = {"job": data["job"], "job_file": data["job_file"], "dtype": data["dtype"], "format": fmt,
+    envs = {b.env_key: data.env(b) for b in data.blocks if b.env_key}
+    provenance = {"job": data.job, "job_file": data.job_file, "dtype": data.dtype, "format": fmt,
                   "environments": envs, "entries": entries, "notes": notes}
     if fmt == "vllm":
         provenance["N"] = ("N is the expert intermediate size I of the measured shape (vLLM: E, _, N = w2.shape, "

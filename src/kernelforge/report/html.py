@@ -1,5 +1,6 @@
 """The HTML report: one self-contained page per job (``reports/<job>/index.html``) and a compare page
-for two jobs, rendered from the data of :func:`kernelforge.report.report.collect` (nothing else is read).
+for two jobs, rendered from a collected :class:`~kernelforge.report.records.Report` (nothing else is
+read) and a :class:`~kernelforge.report.compare.Comparison`.
 
 Self-contained means it opens from a file with no network: CSS inline, charts inline SVG (see
 :mod:`kernelforge.report.svg`), no JavaScript. The Jinja templates live in ``report/templates/``.
@@ -8,14 +9,39 @@ Self-contained means it opens from a file with no network: CSS inline, charts in
 from __future__ import annotations
 
 import re
-from typing import Any
+from dataclasses import dataclass
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup
 
+from kernelforge.job import Tune
 from kernelforge.report import svg
-from kernelforge.report.report import (confirmed_text, env_title, fmt_delta, fmt_rate, fmt_speedup, fmt_time, params_text,
-                     roofline_cells)
+from kernelforge.report.compare import CompareBlock, Comparison
+from kernelforge.report.format import (confirmed_text, env_title, fmt_delta, fmt_joules, fmt_rate, fmt_speedup,
+                                       fmt_time, params_text, roofline_cells)
+from kernelforge.report.records import BlockReport, Report, Winner
+
+
+@dataclass(frozen=True)
+class BlockPage:
+    """What the page shows of one block beyond its record: its anchor, its charts, each winner
+    with its diff split into (css class, text) lines, and the origin x status table's axes."""
+
+    block: BlockReport
+    anchor: str
+    charts: dict[str, Markup]
+    winners: tuple[tuple[Winner, list[tuple[str, str]]], ...]
+    origin_names: tuple[str, ...]
+    status_names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ComparePage:
+    """One block of the compare page: its record, its anchor and its chart."""
+
+    block: CompareBlock
+    anchor: str
+    chart: Markup
 
 
 def _env() -> Environment:
@@ -23,7 +49,7 @@ def _env() -> Environment:
                       autoescape=select_autoescape(["html", "j2"], default=True),
                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters.update(time=fmt_time, delta=fmt_delta, rate=fmt_rate, speedup=fmt_speedup, params=params_text,
-                       joules=lambda v: "-" if v is None else f"{v:.4g} J")
+                       joules=fmt_joules)
     env.globals.update(roofline_cells=roofline_cells, origin_colour=svg.origin_colour, env_title=env_title,
                        confirmed_text=confirmed_text)
     return env
@@ -52,55 +78,55 @@ def _diff_lines(diff: str) -> list[tuple[str, str]]:
     return out
 
 
-def _charts(block: dict[str, Any]) -> dict[str, Markup]:
+def _charts(block: BlockReport) -> dict[str, Markup]:
     """The SVG charts of one block."""
     rows = []
-    for r in block["shapes"]:
+    for r in block.shapes:
         # Green: confirmed faster (p20 of the pairs above 1); red: slower on this shape (p80 below 1,
         # possible when one configuration serves all shapes); blue: within noise; grey: the baseline.
-        if r["winner_is_baseline"]:
+        if r.winner_is_baseline:
             colour = "#9ca3af"
-        elif r["significant"]:
+        elif r.significant:
             colour = "#16a34a"
-        elif r["speedup_p80"] is not None and r["speedup_p80"] < 1.0:
+        elif r.speedup_p80 is not None and r.speedup_p80 < 1.0:
             colour = "#dc2626"
         else:
             colour = "#2563eb"
-        rows.append((r["shape"], r["speedup"], r["speedup_p20"], r["speedup_p80"], colour))
-    charts = {"speedup": Markup(svg.speedup_bars(rows, f"{block['block']}: speedup over the human baseline "
+        rows.append((r.shape, r.speedup, r.speedup_p20, r.speedup_p80, colour))
+    charts = {"speedup": Markup(svg.speedup_bars(rows, f"{block.block}: speedup over the human baseline "
                                                        "(median; bars p20-p80)"))}
-    progress = block.get("progress") or {}
-    if progress.get("points"):
-        title = (f"{block['block']}: best speedup against evaluations"
-                 + (" (geomean of each shape's best)" if progress["mode"] == "per-shape" else ""))
-        charts["progress"] = Markup(svg.progress_chart(progress["points"], progress["best"], title))
-    roof = block.get("roofline") or {}
+    progress = block.progress
+    if progress and progress.points:
+        title = (f"{block.block}: best speedup against evaluations"
+                 + (" (geomean of each shape's best)" if progress.mode is Tune.PER_SHAPE else ""))
+        charts["progress"] = Markup(svg.progress_chart(progress.points, progress.best, title))
     points = []
-    for number, r in enumerate(block["shapes"], start=1):
-        for kind in ("baseline", "winner"):
-            p = (r.get("roofline") or {}).get(kind)
-            if not p or (kind == "winner" and r["winner_is_baseline"]):
+    for number, r in enumerate(block.shapes, start=1):
+        for kind, p in (("baseline", r.roofline.baseline), ("winner", r.roofline.winner)):
+            if not p or (kind == "winner" and r.winner_is_baseline):
                 continue
-            points.append({"intensity": p["intensity"], "flops_rate": p["achieved_flops"], "kind": kind,
-                           "suspect": p.get("suspect"), "number": number,
-                           "label": f"{number}. {r['shape']} {kind}: {fmt_rate(p['achieved_flops'], 'FLOP/s')}, "
-                                    f"{fmt_rate(p['achieved_bandwidth'], 'B/s')}"})
-    ceilings = roof.get("ceilings")
+            points.append({"intensity": p.intensity, "flops_rate": p.achieved_flops, "kind": kind,
+                           "suspect": p.suspect, "number": number,
+                           "label": f"{number}. {r.shape} {kind}: {fmt_rate(p.achieved_flops, 'FLOP/s')}, "
+                                    f"{fmt_rate(p.achieved_bandwidth, 'B/s')}"})
+    roof = block.roofline
+    ceilings = roof.ceilings if roof else None
     lines = []
     if ceilings:
-        lines.append((f"{ceilings['name']} datasheet", ceilings["bandwidth"], ceilings["flops"], "6,4"))
-        if ceilings.get("measured_bandwidth") or ceilings.get("measured_flops"):
-            lines.append((f"{ceilings['name']} measured", ceilings.get("measured_bandwidth") or ceilings["bandwidth"],
-                          ceilings.get("measured_flops") or ceilings["flops"], ""))
+        lines.append((f"{ceilings.name} datasheet", ceilings.bandwidth, ceilings.flops, "6,4"))
+        if ceilings.measured_bandwidth or ceilings.measured_flops:
+            lines.append((f"{ceilings.name} measured", ceilings.measured_bandwidth or ceilings.bandwidth,
+                          ceilings.measured_flops or ceilings.flops, ""))
     if points:
+        device = roof.device if roof else None
         if ceilings:
-            title = f"{block['block']}: roofline on {roof['device']}"
+            title = f"{block.block}: roofline on {device}"
             note = ""
-        elif roof.get("device") is None:
-            title = f"{block['block']}: achieved rates in the interpreter (CPU wall time, no ceiling: not GPU speed)"
+        elif device is None:
+            title = f"{block.block}: achieved rates in the interpreter (CPU wall time, no ceiling: not GPU speed)"
             note = " (interpreter: not GPU speed)"
         else:
-            title = f"{block['block']}: achieved rates on {roof['device']} (no known ceilings)"
+            title = f"{block.block}: achieved rates on {device} (no known ceilings)"
             note = ""
         chart = svg.roofline_chart(points, lines, title, unit_note=note)
         if chart:
@@ -108,29 +134,27 @@ def _charts(block: dict[str, Any]) -> dict[str, Markup]:
     return charts
 
 
-def render_html(data: dict[str, Any]) -> str:
-    """The job's index.html from the collected report data."""
-    blocks = []
-    for block in data["blocks"]:
-        blocks.append({
-            **block, "anchor": anchor(block["block"]), "charts": _charts(block),
-            "winner_views": [{**w, "diff_lines": _diff_lines(w["diff"])} for w in block.get("winners", [])],
-            "origin_names": sorted(block.get("origin_status", {})),
-            "status_names": sorted({s for v in block.get("origin_status", {}).values() for s in v}),
-        })
+def render_html(report: Report) -> str:
+    """The job's index.html from the collected report."""
+    pages = [BlockPage(
+        block=block, anchor=anchor(block.block), charts=_charts(block),
+        winners=tuple((w, _diff_lines(w.diff)) for w in block.winners),
+        origin_names=tuple(sorted(block.origin_status)),
+        status_names=tuple(sorted({s for v in block.origin_status.values() for s in v})),
+    ) for block in report.blocks]
     template = _env().get_template("report.html.j2")
-    return template.render(data=data, blocks=blocks, origins=svg.ORIGIN_COLOURS)
+    return template.render(data=report, pages=pages, origins=svg.ORIGIN_COLOURS)
 
 
-def render_compare(cmp: dict[str, Any]) -> str:
-    """The compare page of two jobs from :func:`kernelforge.report.report.compare`."""
-    blocks = []
-    for blk in cmp["blocks"]:
-        labels = [r["shape"] for r in blk["rows"]]
+def render_compare(cmp: Comparison) -> str:
+    """The compare page of two jobs."""
+    pages = []
+    for blk in cmp.blocks:
+        labels = [r.shape for r in blk.rows]
         chart = svg.grouped_bars(labels, [
-            (f"A: {cmp['a']['job']}", "#2563eb", [(r["a"] or {}).get("speedup") for r in blk["rows"]]),
-            (f"B: {cmp['b']['job']}", "#ea580c", [(r["b"] or {}).get("speedup") for r in blk["rows"]]),
-        ], f"{blk['block']}: speedup over each job's own baseline")
-        blocks.append({**blk, "anchor": anchor(blk["block"]), "chart": Markup(chart)})
+            (f"A: {cmp.a.job}", "#2563eb", [r.a.speedup if r.a else None for r in blk.rows]),
+            (f"B: {cmp.b.job}", "#ea580c", [r.b.speedup if r.b else None for r in blk.rows]),
+        ], f"{blk.block}: speedup over each job's own baseline")
+        pages.append(ComparePage(block=blk, anchor=anchor(blk.block), chart=Markup(chart)))
     template = _env().get_template("compare.html.j2")
-    return template.render(cmp=cmp, blocks=blocks)
+    return template.render(cmp=cmp, pages=pages)

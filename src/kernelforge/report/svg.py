@@ -12,6 +12,8 @@ import math
 from html import escape
 from typing import Iterable, Sequence
 
+from kernelforge.report.records import ProgressPoint
+
 #: Colours of candidate origins (also used by the HTML legend).
 ORIGIN_COLOURS = {
     "baseline": "#6b7280",
@@ -113,23 +115,23 @@ def speedup_bars(rows: Sequence[tuple[str, float | None, float | None, float | N
     return "\n".join(out)
 
 
-def progress_chart(points: Sequence[dict], best: Sequence[tuple[int, float]], title: str, width: int = 900,
+def progress_chart(points: Sequence[ProgressPoint], best: Sequence[tuple[int, float]], title: str, width: int = 900,
                    height: int = 300) -> str:
     """Speedup of every evaluation in order (points coloured by origin, failures as crosses on the
     floor) and the best-so-far speedup as a step line.
 
-    ``points``: dicts with ``index``, ``speedup`` (None for a failed candidate), ``origin``, ``label``.
+    ``points``: one per evaluation (``speedup`` None for a failed candidate).
     ``best``: (index, best speedup so far) after each evaluation.
     """
     left, right, top, bottom = 56, 20, 30, 44
     plot_w, plot_h = width - left - right, height - top - bottom
-    values = [p["speedup"] for p in points if p["speedup"] is not None] + [b for _, b in best] + [1.0]
+    values = [p.speedup for p in points if p.speedup is not None] + [b for _, b in best] + [1.0]
     lo, hi = min(values), max(values)
     pad = (hi - lo) * 0.1 or 0.1
     lo, hi = max(0.0, lo - pad), hi + pad
     ticks = nice_ticks(lo, hi, 5)
     lo, hi = min(lo, ticks[0]), max(hi, ticks[-1])
-    n = max(1, max((p["index"] for p in points), default=0))
+    n = max(1, max((p.index for p in points), default=0))
 
     def x(i: float) -> float:
         return left + plot_w * (i / n if n else 0.5)
@@ -155,14 +157,14 @@ def progress_chart(points: Sequence[dict], best: Sequence[tuple[int, float]], ti
             path.append(f"L{x(i1):.1f},{y(v0):.1f}L{x(i1):.1f},{y(v1):.1f}")
         out.append(f'<path d="{"".join(path)}" fill="none" stroke="#111827" stroke-width="2"/>')
     for p in points:
-        colour = origin_colour(p["origin"])
-        tip = escape(p.get("label", ""))
-        if p["speedup"] is None:
-            cx, cy = x(p["index"]), top + plot_h - 4
+        colour = origin_colour(p.origin)
+        tip = escape(p.label)
+        if p.speedup is None:
+            cx, cy = x(p.index), top + plot_h - 4
             out.append(f'<path d="M{cx - 4:.1f},{cy - 4:.1f}L{cx + 4:.1f},{cy + 4:.1f}M{cx - 4:.1f},{cy + 4:.1f}'
                        f'L{cx + 4:.1f},{cy - 4:.1f}" stroke="{colour}" stroke-width="2"><title>{tip}</title></path>')
         else:
-            out.append(f'<circle cx="{x(p["index"]):.1f}" cy="{y(p["speedup"]):.1f}" r="5" fill="{colour}" '
+            out.append(f'<circle cx="{x(p.index):.1f}" cy="{y(p.speedup):.1f}" r="5" fill="{colour}" '
                        f'stroke="#ffffff"><title>{tip}</title></circle>')
     out.append(f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#6b7280"/>')
     out.append("</svg>")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from kernelforge.strategies.recorded import RecordedSpace
-from kernelforge.strategies.strategy import make_strategy
+from kernelforge.strategies.names import make_strategy
 
 #: Thresholds: "within 1%" means best <= optimum * 1.01.
 THRESHOLDS = (0.01, 0.05, 0.10)

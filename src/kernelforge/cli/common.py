@@ -1,0 +1,108 @@
+"""What the commands share: the consoles, the catalog, and parsing of PARAM=VALUE, --dtype and jobs.
+
+Every helper raises :class:`kernelforge.errors.UserError` for a user's mistake; the group in
+``kernelforge.cli.main`` turns it into one line and exit status 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+
+from kernelforge.errors import UserError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+# Logs and CI are not terminals: give tables room instead of rich's 80-column default.
+_WIDTH = None if sys.stdout.isatty() else 160
+console = Console(highlight=False, width=_WIDTH)
+err_console = Console(stderr=True, highlight=False, width=_WIDTH)
+
+
+def catalog_of(ctx: click.Context):
+    """The catalog of the kernels folder chosen by ``--kernels`` (default: this checkout's)."""
+    from kernelforge.catalog import Catalog
+
+    return Catalog.discover(ctx.obj.get("kernels"))
+
+
+def parse_params(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """``("BLOCK_M=64", ...)`` -> ``{"BLOCK_M": 64}``, values parsed as in a template's space."""
+    from kernelforge.space import parse_value
+
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise UserError(f"parameter {pair!r} must be written NAME=VALUE, e.g. BLOCK_M=64")
+        params[name.strip()] = parse_value(value.strip())
+    return params
+
+
+def dtype_of(name: str):
+    """The torch dtype named ``name`` (one of kernelforge.block.DTYPES)."""
+    from kernelforge.block import DTYPES
+
+    if name not in DTYPES:
+        raise UserError(f"--dtype {name!r} is not one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+#: Where job files live, relative to the working directory (as reports/ is).
+JOBS_DIR = Path("search")
+
+
+def known_jobs() -> dict[str, Path]:
+    """Job name -> job file, for every ``search/*.toml`` (the name is ``[job] name``, else the stem)."""
+    found: dict[str, Path] = {}
+    for path in sorted(JOBS_DIR.glob("*.toml")):
+        try:
+            raw = tomllib.loads(path.read_text(encoding="utf-8"))
+            name = raw.get("job", {}).get("name", path.stem)
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, AttributeError):
+            name = path.stem  # a broken file still counts under its stem; loading it says what is wrong
+        found.setdefault(str(name), path)
+    return found
+
+
+def job_path(name_or_path: str) -> Path:
+    """The job file ``name_or_path`` means: a path to a file, ``search/<name>.toml``, or the job
+    under ``search/`` whose ``[job] name`` it is."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    named = JOBS_DIR / f"{name_or_path}.toml"
+    if named.is_file():
+        return named
+    jobs = known_jobs()
+    if name_or_path in jobs:
+        return jobs[name_or_path]
+    listing = ", ".join(jobs) if jobs else f"none (no {JOBS_DIR}/*.toml here)"
+    raise UserError(f"{name_or_path}: no such job file or job name; give a path to a job file, or one of the jobs "
+                    f"under {JOBS_DIR}/: {listing}")
+
+
+def load_job(ctx: click.Context, job_file: str, storage: str | None):
+    """(job, catalog) for ``job_file`` (a job file or a job name, see :func:`job_path`), with
+    ``--storage`` overriding the job's storage URL."""
+    from dataclasses import replace
+
+    from kernelforge.job import load_job as load
+
+    catalog = catalog_of(ctx)
+    job = load(job_path(job_file), catalog)
+    if storage:
+        job = replace(job, storage=storage)
+    return job, catalog
+
+
+def yes(flag: bool | None) -> str:
+    """A table cell for a yes/no/unknown flag."""
+    return "-" if flag is None else ("yes" if flag else "no")

@@ -1,0 +1,107 @@
+"""Commands that look at the catalog: ``blocks``, ``templates``, ``render`` and ``new``."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from kernelforge.cli.common import catalog_of, console, parse_params
+from kernelforge.errors import UserError
+
+
+@click.command()
+@click.pass_context
+def blocks(ctx: click.Context) -> None:
+    """List the blocks and their shape sets."""
+    catalog = catalog_of(ctx)
+    table = Table(title="blocks")
+    for column in ("block", "family", "shape sets", "description"):
+        table.add_column(column)
+    for block_id, block in catalog.blocks.items():
+        sets = ", ".join(f"{name} ({len(shapes)})" for name, shapes in block.shape_sets().items())
+        table.add_row(block_id, block.family, sets, block.description)
+    console.print(table)
+
+
+@click.command()
+@click.argument("block_id", required=False)
+@click.pass_context
+def templates(ctx: click.Context, block_id: str | None) -> None:
+    """List the templates (of one block, or all) with their spaces and baseline points.
+
+    Below the table, each template's space: every parameter with its values (the baseline value
+    in brackets) and the constraints a point must satisfy.
+    """
+    catalog = catalog_of(ctx)
+    table = Table(title="templates")
+    for column in ("template", "role", "origin", "points", "valid", "baseline point"):
+        table.add_column(column)
+    chosen = catalog.templates(block_id) if block_id else catalog.all_templates()
+    for template in chosen:
+        point = " ".join(f"{k}={v}" for k, v in template.baseline.items())
+        valid = sum(1 for _ in template.space.points())
+        table.add_row(template.id, template.role, template.origin, str(template.space.size), str(valid), point)
+    console.print(table)
+    for template in chosen:
+        console.print()
+        console.print("\n".join(space_lines(template)), markup=False)
+
+
+def space_lines(template) -> list[str]:
+    """A template's space as text: one line per parameter, then its constraints."""
+    lines = [f"{template.id}" + (f": {template.description}" if template.description else "")]
+    width = max(len(name) for name in template.space.names)
+    for name, values in template.space.params:
+        cells = [f"[{v}]" if is_baseline(template, name, v) else str(v) for v in values]
+        lines.append(f"  {name.ljust(width)}  {', '.join(cells)}")
+    constraints = [c.text for c in template.space.constraints]
+    lines.append("  constraints: " + ("; ".join(constraints) if constraints else "none"))
+    return lines
+
+
+def is_baseline(template, name: str, value) -> bool:
+    """Whether ``value`` is the baseline's value of ``name`` (``True`` is not ``1`` here)."""
+    base = template.baseline.get(name)
+    return type(base) is type(value) and base == value
+
+
+@click.command()
+@click.argument("template_id")
+@click.argument("params", nargs=-1)
+@click.pass_context
+def render(ctx: click.Context, template_id: str, params: tuple[str, ...]) -> None:
+    """Print TEMPLATE rendered at its baseline point, with PARAM=VALUE overrides."""
+    template = catalog_of(ctx).resolve(template_id)
+    point = {**template.baseline, **parse_params(params)}
+    click.echo(template.render(point), nl=False)
+
+
+
+@click.command()
+@click.argument("name")
+@click.pass_context
+def new(ctx: click.Context, name: str) -> None:
+    """Scaffold template BLOCK/NAME from the block's baseline, ready to edit."""
+    from kernelforge.template import TEMPLATE_SUFFIX, Template
+
+    catalog = catalog_of(ctx)
+    block_id, _, stem = name.rpartition("/")
+    catalog.block(block_id)
+    if not stem.isidentifier():
+        raise UserError(f"template name {stem!r} must be a Python identifier (letters, digits, _), e.g. {block_id}/wide_tiles")
+    path = Path(catalog.root) / block_id / f"{stem}{TEMPLATE_SUFFIX}"
+    if path.exists():
+        raise UserError(f"{path} already exists; choose another name or edit it")
+    baseline = catalog.baseline(block_id)
+    text = re.sub(r'(?m)^role\s*=\s*"baseline"', 'role = "variant"', baseline.text, count=1)
+    text = re.sub(r'(?m)^description\s*=\s*".*"$', f'description = "Variant of {baseline.id}: describe your change"',
+                  text, count=1)
+    path.write_text(text, encoding="utf-8")
+    Template.from_file(path, block_id)  # the scaffold must be valid as written
+    console.print(f"created [bold]{path}[/] (a copy of {baseline.id}, role = variant)")
+    console.print(f"next: edit it, then `kernelforge check {block_id}/{stem} --device interpret --shapes smoke`")
+
+

@@ -1,0 +1,50 @@
+"""The ``kernelforge`` command line.
+
+User mistakes (unknown names, bad parameters, malformed files) print one line naming the thing and
+the fix, and exit with status 2; a check that finds a failing shape exits with status 1.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from rich.markup import escape
+
+from kernelforge.cli.check import check, compile_
+from kernelforge.cli.common import err_console
+from kernelforge.cli.inspect import blocks, new, render, templates
+from kernelforge.cli.report import export, report
+from kernelforge.cli.search import search, strategy_bench
+from kernelforge.cli.show import show
+from kernelforge.errors import UserError
+
+
+class OneLineErrors(click.Group):
+    """Turns UserError into one clear line and exit status 2, and Ctrl-C at any moment (start-up
+    included) into exit status 130 with nothing lost: every result is stored when it exists."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except UserError as exc:
+            # Escaped: messages name TOML tables such as [llm], which rich would take for markup.
+            err_console.print(f"[bold red]kernelforge:[/] {escape(str(exc))}")
+            ctx.exit(2)
+        except KeyboardInterrupt:
+            err_console.print("kernelforge: interrupted; everything measured is stored, rerun to continue")
+            ctx.exit(130)
+
+
+@click.group(cls=OneLineErrors)
+@click.option("--kernels", type=click.Path(file_okay=False), envvar="KERNELFORGE_KERNELS",
+              help="Kernels folder (default: kernels/ of this checkout).")
+@click.pass_context
+def main(ctx: click.Context, kernels: str | None) -> None:
+    """kernelforge: find faster GPU kernels for the attention and MoE blocks of large models."""
+    ctx.ensure_object(dict)
+    ctx.obj["kernels"] = kernels
+
+
+for command in (blocks, templates, render, new, show, check, compile_, search, strategy_bench, report, export):
+    main.add_command(command)

@@ -1,0 +1,67 @@
+"""Commands that read a job's stored results: ``report`` and ``export``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from kernelforge.cli.common import console, err_console, load_job
+
+
+@click.command()
+@click.argument("job_file", metavar="JOB")
+@click.option("--storage", default=None, help="SQLAlchemy URL of the results database (default: the job's).")
+@click.option("--compare", "compare_file", metavar="JOB", default=None,
+              help="A second job, file or name (e.g. the same job on another GPU or Triton version): print both side by "
+                   "side and write reports/compare-<a>-vs-<b>.html.")
+@click.option("--compare-storage", default=None, help="SQLAlchemy URL of the --compare job's database (default: its own).")
+@click.pass_context
+def report(ctx: click.Context, job_file: str, storage: str | None, compare_file: str | None,
+           compare_storage: str | None) -> None:
+    """Write reports/<job>/REPORT.md, results.json and index.html from the stored results of JOB.
+
+    JOB is a job file, or the name of a job under search/ (``demo`` is search/demo.toml).
+    """
+    from kernelforge.report.collect import collect
+    from kernelforge.report.write import write_compare, write_report
+    from kernelforge.store.store import Store
+
+    job, catalog = load_job(ctx, job_file, storage)
+    store = Store(job.storage_url, create=False)
+    if compare_file:
+        other, _ = load_job(ctx, compare_file, compare_storage)
+        other_store = Store(other.storage_url, create=False)
+        text, html = write_compare(collect(job, catalog, store), collect(other, catalog, other_store))
+        click.echo(text)  # raw Markdown: no wrapping or markup interpretation
+        err_console.print(f"wrote {html}")
+        return
+    path = write_report(job, catalog, store)
+    click.echo(path.read_text(encoding="utf-8"))  # raw Markdown: no wrapping or markup interpretation
+    err_console.print(f"wrote {path}, {path.with_name('results.json')} and {path.with_name('index.html')}")
+
+
+@click.command()
+@click.argument("job_file", metavar="JOB")
+@click.option("--format", "fmt", type=click.Choice(["vllm", "triton", "source"]), required=True,
+              help="vllm: fused_moe config JSON per (E, N); triton: module with the winning kernels and a "
+                   "triton.Config list; source: the winning rendered sources.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Output folder (default: reports/<job>/export/).")
+@click.option("--storage", default=None, help="SQLAlchemy URL of the results database (default: the job's).")
+@click.pass_context
+def export(ctx: click.Context, job_file: str, fmt: str, out_dir: str | None, storage: str | None) -> None:
+    """Export the winners of JOB for vLLM, as a Triton module, or as sources.
+
+    JOB is a job file, or the name of a job under search/ (``demo`` is search/demo.toml).
+    """
+    from kernelforge.report.export import export as run_export
+    from kernelforge.store.store import Store
+
+    job, catalog = load_job(ctx, job_file, storage)
+    store = Store(job.storage_url, create=False)
+    written, notes = run_export(job, catalog, store, fmt, Path(out_dir) if out_dir else None)
+    for path in written:
+        console.print(f"wrote {path}", markup=False)
+    for note in notes:
+        err_console.print(f"note: {note}", markup=False)

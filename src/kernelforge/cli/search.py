@@ -1,0 +1,126 @@
+"""Commands that search: ``search`` (run or resume a job) and ``strategy-bench``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from kernelforge.cli.common import console, load_job
+from kernelforge.cli.dry_run import print_plan
+from kernelforge.cli.summary import print_summary
+from kernelforge.errors import UserError
+from kernelforge.strategies.names import STRATEGY_NAMES
+
+
+@click.command()
+@click.argument("job_file", metavar="JOB")
+@click.option("--storage", default=None, help="SQLAlchemy URL of the results database (default: the job's).")
+@click.option("--device", "device_name", default=None, help="Override the job's device: cuda, interpret or replay:PATH.")
+@click.option("--progress", "progress_mode", type=click.Choice(["live", "jsonl", "quiet"]), default=None,
+              help="Live terminal view (default on a terminal), JSON lines, or quiet.")
+@click.option("--no-compile", is_flag=True, help="Skip ahead-of-time compilation of candidates.")
+@click.option("--report/--no-report", default=True, show_default=True, help="Write the report when done.")
+@click.option("--llm", "llm_mode", default=None, metavar="URL|replay[:PATH]|off",
+              help="LLM generator: an OpenAI-compatible base URL (enables or overrides the job's [llm]), "
+                   "'replay' to answer from the job database's stored transcripts offline, 'replay:PATH' "
+                   "from another job database, or 'off'.")
+@click.option("--llm-model", default=None, help="Model name for --llm URL (overrides [llm] model).")
+@click.option("--llm-key-env", default=None, metavar="NAME",
+              help="Environment variable holding the API key (overrides [llm] api_key_env).")
+@click.option("--in-process", is_flag=True,
+              help="Evaluate candidates in this process instead of an isolated worker (debugging trusted "
+                   "templates: a crashing or hanging candidate then takes the search down).")
+@click.option("--dry-run", is_flag=True,
+              help="Print the plan (templates, budgets, shapes, device, target, storage) and what is already "
+                   "stored, then exit without evaluating anything.")
+@click.pass_context
+def search(ctx: click.Context, job_file: str, storage: str | None, device_name: str | None,
+           progress_mode: str | None, no_compile: bool, report: bool, llm_mode: str | None,
+           llm_model: str | None, llm_key_env: str | None, in_process: bool = False, dry_run: bool = False) -> None:
+    """Run (or resume) the search described by JOB; rerunning continues where it stopped.
+
+    JOB is a job file, or the name of a job under search/ (``demo`` is search/demo.toml).
+    """
+    job, catalog = load_job(ctx, job_file, storage)
+    job = with_llm(job, llm_mode, llm_model, llm_key_env)
+    if dry_run:
+        print_plan(job, catalog, device_name=device_name, compile_enabled=not no_compile)
+        return
+
+    from kernelforge.job import require_llm_endpoint
+    from kernelforge.report.write import write_report
+    from kernelforge.llm.proposer import for_job
+    from kernelforge.search.loop import Search
+    from kernelforge.search.progress import make_progress
+    from kernelforge.store.store import Store
+
+    require_llm_endpoint(job)
+    store = Store(job.storage_url)
+    mode = progress_mode or ("live" if sys.stdout.isatty() else "jsonl")
+    progress = make_progress(mode)
+    try:
+        outcome = Search(job, catalog, store, progress, device_name=device_name,
+                         compile_enabled=not no_compile, in_process=in_process,
+                         proposer=for_job(job, store, progress)).run()
+    finally:
+        progress.close()
+    path = write_report(job, catalog, store) if report else None
+    print_summary(job, catalog, store, outcome, path)
+    if outcome.stopped:
+        ctx.exit(130)
+
+
+def with_llm(job, mode: str | None, model: str | None, key_env: str | None):
+    """The job with the command line's --llm options applied (see ``search --help``)."""
+    from dataclasses import replace
+
+    from kernelforge.job import LLMSpec, check_base_url, parse_llm
+
+    if mode is None and model is None and key_env is None:
+        return job
+    if mode == "off":
+        return replace(job, llm=None)
+    spec = job.llm
+    if mode is not None and (mode == "replay" or mode.startswith("replay:")):
+        source = mode.partition(":")[2]
+        if source and "://" not in source:
+            if not Path(source).is_file():
+                raise UserError(f"--llm {mode}: no such job database; give the kernelforge.db of the search to replay")
+            source = f"sqlite:///{source}"
+        return replace(job, llm=replace(spec or LLMSpec(), replay=source or job.storage_url))
+    if spec is None:
+        if mode is None:
+            raise UserError("--llm-model/--llm-key-env need --llm URL (or an [llm] table in the job)")
+        spec = parse_llm({}, "--llm", require_endpoint=False)
+    if mode is not None:
+        check_base_url(mode, "--llm")
+        spec = replace(spec, base_url=mode)
+    if model is not None:
+        spec = replace(spec, model=model)
+    if key_env is not None:
+        spec = replace(spec, api_key_env=parse_llm({"api_key_env": key_env}, "--llm-key-env",
+                                                   require_endpoint=False).api_key_env)
+    if not spec.model:
+        raise UserError("--llm URL needs --llm-model NAME (or [llm] model in the job)")
+    return replace(job, llm=spec)
+
+
+@click.command(name="strategy-bench")
+@click.argument("space_file", type=click.Path(dir_okay=False))
+@click.option("--strategy", "strategies", default="tpe,random", show_default=True,
+              help="Comma-separated strategies (" + ", ".join(STRATEGY_NAMES) + "); random search is always "
+                   "included for reference.")
+@click.option("--seeds", default=10, show_default=True, type=click.IntRange(1))
+@click.option("--budget", default=100, show_default=True, type=click.IntRange(1))
+def strategy_bench(space_file: str, strategies: str, seeds: int, budget: int) -> None:
+    """Compare search strategies on a recorded tuning space (a Kernel Tuner cache file): evaluations
+    needed to get within 1%, 5% and 10% of the space's optimum, over SEEDS seeds."""
+    from kernelforge.strategies.recorded import load_kernel_tuner_cache
+    from kernelforge.strategies.bench import bench, format_table
+
+    space = load_kernel_tuner_cache(space_file)
+    names = [n.strip() for n in strategies.split(",") if n.strip()]
+    rows = bench(space, names, seeds=seeds, budget=budget)
+    console.print(format_table(rows))

@@ -1,0 +1,95 @@
+"""The device contract: where candidates run and how they are timed.
+
+A :class:`Device` is what the evaluation harness (:mod:`kernelforge.execute.evaluate`) runs a
+candidate on. Its contract, which every device keeps:
+
+- ``name`` identifies the kind of device (``cuda``, ``interpret``) in stored results, and
+  ``torch_device`` is where the harness allocates tensors for it;
+- :meth:`Device.prepare` is called once per process before any candidate module is loaded (the
+  interpreter device turns ``TRITON_INTERPRET`` on there, since Triton reads it when a kernel is
+  decorated);
+- :meth:`Device.time` times calls it is given, taking every decision that could bias a figure
+  itself (warm-up, counts fixed before timing starts, cache state) and labels what the numbers
+  mean in :class:`~kernelforge.result.Timing`;
+- :meth:`Device.describe` names the device and the library versions, which key stored results:
+  two timings are comparable only when their descriptions agree;
+- a device is rebuilt in a worker process from its class and constructor arguments
+  (:mod:`kernelforge.execute.worker` reads them back as attributes of the same names), so
+  constructor arguments must be stored under their own names.
+
+The devices are :class:`kernelforge.devices.cuda.CudaDevice` (a real GPU) and
+:class:`kernelforge.devices.interpret.InterpretDevice` (Triton's CPU interpreter);
+:mod:`kernelforge.devices.registry` maps a device name to one. The ``replay`` device (recorded
+measurements) belongs to the search and lives in :mod:`kernelforge.execute.replay`.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+from abc import ABC, abstractmethod
+from typing import Any, Callable, Sequence
+
+import torch
+
+from kernelforge.result import Timing
+
+Call = Callable[[], None]
+#: Run before call ``i`` outside the timed region (the harness changes an input value there so a
+#: cache keyed on input values never hits: EVALUATION.md #4).
+Before = Callable[[int], None]
+
+
+def quantiles(samples: Sequence[float]) -> tuple[float, float, float]:
+    """(median, p20, p80) of the samples."""
+    ordered = sorted(samples)
+    if len(ordered) == 1:
+        return ordered[0], ordered[0], ordered[0]
+    cuts = statistics.quantiles(ordered, n=10, method="inclusive")
+    return statistics.median(ordered), cuts[1], cuts[7]
+
+
+class Device(ABC):
+    """Where candidates run. Subclasses say how to prepare, synchronise, time and describe."""
+
+    name: str = ""
+    #: the torch device tensors are allocated on
+    torch_device: str = "cpu"
+
+    def prepare(self) -> None:
+        """Make the device usable in this process (before any candidate module is loaded)."""
+
+    def synchronize(self) -> None:
+        """Wait for all work queued on the device."""
+
+    @abstractmethod
+    def time(self, calls: Sequence[Call], *, working_set_bytes: int = 0, before: Before | None = None) -> Timing:
+        """Time the candidate: ``calls[i]`` runs it on the i-th pre-generated input set.
+
+        ``working_set_bytes`` is the memory one call touches; it decides whether rotating the
+        sets is enough to keep inputs out of the cache. ``before(i)``, when given, runs before
+        the i-th call of every phase (warm-up and timed alike, so the phases look the same to the
+        candidate), outside the timed region.
+        """
+
+    def ceilings(self):
+        """The hardware ceilings (:class:`kernelforge.devices.hardware.Ceilings`) of this device for
+        roofline checks, or None when its timings measure no GPU (the interpreter) or the GPU
+        is unknown."""
+        return None
+
+    @abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """Device name, versions and whatever else identifies the numbers it produces."""
+
+
+def library_versions() -> dict[str, str]:
+    """The versions that decide what a timing means (part of every device's description)."""
+    import triton
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "kernelforge": __import__("kernelforge").__version__,
+    }

@@ -1,0 +1,258 @@
+"""A real CUDA GPU as a device.
+
+CUDA-event timing following EVALUATION.md: warm-up outside the timed region, inputs rotated through
+several freshly allocated sets (plus an L2 flush when the sets together would fit in L2), fixed
+call counts, median with p20/p80, CUDA-graph replays for kernels under about 20 us, a full device
+synchronisation before reading the events, wall time recorded beside event time, and joules per
+call from NVML's energy counter when it is readable. The event times are cross-checked against the
+host: a call whose GPU work outlives its end event (work on a side stream the events do not see)
+is flagged in ``Timing.extra["event_wall_mismatch"]``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import Any, Sequence
+
+import torch
+
+from kernelforge.devices.base import Before, Call, Device, library_versions, quantiles
+from kernelforge.errors import UserError
+from kernelforge.result import Timing
+
+#: Kernels faster than this are timed as CUDA-graph replays: launch overhead (about 5 us) would
+#: otherwise dominate an event pair (EVALUATION.md).
+GRAPH_THRESHOLD_S = 20e-6
+#: Target length of one timing round; bounds the device time spent on very long kernels.
+ROUND_SECONDS = 1.0
+#: Side-stream check: the host waits for a call's GPU work after enqueuing it (``drain``). Work
+#: the events see ends at the end event, so an honest drain is at most the event time plus launch
+#: and synchronisation latency; a drain above ``DRAIN_FACTOR`` x event time + ``DRAIN_SLACK_S``
+#: means GPU work the events did not time (EVALUATION.md #13).
+DRAIN_FACTOR = 1.5
+DRAIN_SLACK_S = 100e-6
+
+
+class _Nvml:
+    """NVML's energy counter and device facts, when pynvml is installed and the driver allows."""
+
+    def __init__(self, index: int):
+        self.handle = None
+        try:
+            import pynvml  # nvidia-ml-py; optional
+
+            pynvml.nvmlInit()
+            self.nvml = pynvml
+            self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            pynvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)
+        except Exception:  # no pynvml, no permission, or no energy counter on this GPU
+            self.handle = None
+
+    def energy_j(self) -> float | None:
+        if self.handle is None:
+            return None
+        return self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle) / 1000.0  # mJ -> J
+
+    def facts(self) -> dict[str, Any]:
+        if self.handle is None:
+            return {}
+        facts: dict[str, Any] = {}
+        for key, query in (
+            ("driver", lambda: self.nvml.nvmlSystemGetDriverVersion()),
+            ("sm_clock_mhz", lambda: self.nvml.nvmlDeviceGetClockInfo(self.handle, self.nvml.NVML_CLOCK_SM)),
+            ("max_sm_clock_mhz", lambda: self.nvml.nvmlDeviceGetMaxClockInfo(self.handle, self.nvml.NVML_CLOCK_SM)),
+            ("mem_clock_mhz", lambda: self.nvml.nvmlDeviceGetClockInfo(self.handle, self.nvml.NVML_CLOCK_MEM)),
+            ("power_limit_w", lambda: self.nvml.nvmlDeviceGetPowerManagementLimit(self.handle) / 1000.0),
+        ):
+            try:
+                value = query()
+                facts[key] = value.decode() if isinstance(value, bytes) else value
+            except Exception:
+                pass
+        return facts
+
+
+class CudaDevice(Device):
+    """A CUDA GPU, timed with events (or CUDA-graph replays for short kernels)."""
+
+    name = "cuda"
+
+    def __init__(self, warmup: int = 10, rounds: int = 3, calls_per_round: int = 50, index: int = 0):
+        self.warmup = warmup
+        self.rounds = rounds
+        self.calls_per_round = calls_per_round
+        self.index = index
+        self.torch_device = f"cuda:{index}"
+        self._flush: torch.Tensor | None = None
+        self._nvml: _Nvml | None = None
+
+    def prepare(self) -> None:
+        if not torch.cuda.is_available():
+            raise UserError("--device cuda: no CUDA GPU is visible to torch; use --device interpret on a CPU")
+        torch.cuda.set_device(self.index)
+        self._nvml = _Nvml(self.index)
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.index)
+
+    def _l2_bytes(self) -> int:
+        props = torch.cuda.get_device_properties(self.index)
+        return int(getattr(props, "L2_cache_size", 0) or 64 * 2**20)
+
+    def _flush_l2(self) -> None:
+        if self._flush is None:
+            # Writing twice the L2 size evicts everything the previous call left there.
+            self._flush = torch.empty(2 * self._l2_bytes() // 4, dtype=torch.int32, device=self.torch_device)
+        self._flush.zero_()
+
+    def ceilings(self):
+        from kernelforge.devices.hardware import ceilings_for
+
+        return ceilings_for(torch.cuda.get_device_name(self.index))
+
+    def time(self, calls: Sequence[Call], *, working_set_bytes: int = 0, before: Before | None = None) -> Timing:
+        self._before = before
+        self._count = 0
+        for i in range(self.warmup):
+            self._prepare_call()
+            calls[i % len(calls)]()
+        self.synchronize()
+        # Rotating the input sets keeps the cache cold only if they do not fit in L2 together.
+        flush = working_set_bytes * len(calls) < 2 * self._l2_bytes()
+        probe = self._event_samples(calls, 5, flush)
+        drain = self._drain_check(calls, statistics.median(probe))
+        if statistics.median(probe) < GRAPH_THRESHOLD_S:
+            try:
+                return self._with_drain(self._time_graph(calls), drain)
+            except RuntimeError:
+                pass  # capture failed (e.g. host synchronisation in the call): events below
+        # Counts are fixed before timing starts (never a time budget the candidate could sense);
+        # long kernels (a 128k-token prefill takes ~0.1 s) get fewer calls per round.
+        per_round = max(5, min(self.calls_per_round, int(ROUND_SECONDS / statistics.median(probe))))
+        samples: list[float] = []
+        walls: list[float] = []
+        for _ in range(self.rounds):
+            wall0 = time.perf_counter()
+            round_samples = self._event_samples(calls, per_round, flush)
+            walls.append(time.perf_counter() - wall0)
+            samples.extend(round_samples)
+        median, p20, p80 = quantiles(samples)
+        event_total = sum(samples)
+        return self._with_drain(Timing(
+            median, p20, p80, len(samples), "cuda-events",
+            f"CUDA events on {torch.cuda.get_device_name(self.index)}",
+            joules_per_call=self._energy_per_call(calls, median),
+            wall_over_event=(sum(walls) / event_total) if event_total > 0 else None,
+            extra={"l2_flush": flush, "input_sets": len(calls)},
+        ), drain)
+
+    def _prepare_call(self) -> None:
+        before = getattr(self, "_before", None)
+        if before is not None:
+            before(self._count)
+        self._count = getattr(self, "_count", 0) + 1
+
+    def _drain_check(self, calls: Sequence[Call], event_median: float, count: int = 5) -> dict[str, Any]:
+        """How long the host waits for a call's GPU work after enqueuing it, against the event
+        time of the same calls: a side stream's work is invisible to the events but not to a
+        full-device synchronisation (EVALUATION.md #13)."""
+        drains = []
+        for i in range(count):
+            self._prepare_call()
+            self.synchronize()
+            calls[i % len(calls)]()
+            enqueued = time.perf_counter()
+            self.synchronize()
+            drains.append(time.perf_counter() - enqueued)
+        drain = statistics.median(drains)
+        limit = DRAIN_FACTOR * event_median + DRAIN_SLACK_S
+        return {"drain_s": drain, "event_wall_mismatch": drain > limit, "drain_limit_s": limit}
+
+    @staticmethod
+    def _with_drain(timing: Timing, drain: dict[str, Any]) -> Timing:
+        timing.extra.update(drain)
+        return timing
+
+    def _event_samples(self, calls: Sequence[Call], count: int, flush: bool) -> list[float]:
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+        for i in range(count):
+            self._prepare_call()
+            if flush:
+                self._flush_l2()
+            starts[i].record()
+            calls[i % len(calls)]()
+            ends[i].record()
+        self.synchronize()  # full-device sync: work on any stream is finished before reading
+        return [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)]
+
+    def _time_graph(self, calls: Sequence[Call]) -> Timing:
+        per_graph = max(len(calls), 20)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for call in calls:
+                call()
+        torch.cuda.current_stream().wait_stream(stream)
+        # Values change right before capture (never inside it: the change would be captured and
+        # timed), so a cache keyed on input values misses while the kernels are recorded; host
+        # code does not run at replay at all. (A set used twice within one graph could still hit
+        # such a cache: only kernels under GRAPH_THRESHOLD_S are timed this way.)
+        for _ in range(len(calls)):
+            self._prepare_call()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for i in range(per_graph):
+                calls[i % len(calls)]()
+        graph.replay()
+        self.synchronize()
+        samples = []
+        for _ in range(self.rounds):
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(10)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(10)]
+            for s, e in zip(starts, ends):
+                s.record()
+                graph.replay()
+                e.record()
+            self.synchronize()
+            samples.extend(s.elapsed_time(e) / 1e3 / per_graph for s, e in zip(starts, ends))
+        median, p20, p80 = quantiles(samples)
+        return Timing(
+            median, p20, p80, len(samples) * per_graph, "cuda-graph",
+            f"CUDA-graph replays ({per_graph} calls each) on {torch.cuda.get_device_name(self.index)}",
+            joules_per_call=self._energy_per_call(calls, median),
+            extra={"calls_per_graph": per_graph, "input_sets": len(calls)},
+        )
+
+    def _energy_per_call(self, calls: Sequence[Call], median_s: float) -> float | None:
+        """Joules per call from NVML's counter over a back-to-back round of at least ~0.5 s (the
+        counter updates in coarse steps, so shorter rounds read zero)."""
+        if self._nvml is None or self._nvml.energy_j() is None:
+            return None
+        count = int(min(max(50, math.ceil(0.5 / max(median_s, 1e-7))), 200_000))
+        self.synchronize()
+        e0 = self._nvml.energy_j()
+        for i in range(count):
+            calls[i % len(calls)]()
+        self.synchronize()
+        e1 = self._nvml.energy_j()
+        if e0 is None or e1 is None or e1 <= e0:
+            return None
+        return (e1 - e0) / count
+
+    def describe(self) -> dict[str, Any]:
+        props = torch.cuda.get_device_properties(self.index)
+        facts = self._nvml.facts() if self._nvml else {}
+        return {
+            "device": "cuda",
+            "device_name": props.name,
+            "capability": f"sm_{props.major}{props.minor}",
+            "sm_count": props.multi_processor_count,
+            "memory_gib": round(props.total_memory / 2**30, 1),
+            "cuda": torch.version.cuda,
+            "timing": "CUDA events (median, p20/p80)",
+            **facts,
+            **library_versions(),
+        }

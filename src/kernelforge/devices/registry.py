@@ -1,0 +1,25 @@
+"""Device names, as jobs and the command line give them, and the device each one means."""
+
+from __future__ import annotations
+
+import torch
+
+from kernelforge.devices.base import Device
+from kernelforge.devices.cuda import CudaDevice
+from kernelforge.devices.interpret import InterpretDevice
+from kernelforge.errors import UserError
+
+
+def get_device(name: str) -> Device:
+    """The device called ``name`` (``cuda``, ``cuda:N`` or ``interpret``)."""
+    if name == "interpret":
+        return InterpretDevice()
+    if name == "cuda" or name.startswith("cuda:"):
+        index = int(name.split(":", 1)[1]) if ":" in name else 0
+        return CudaDevice(index=index)
+    raise UserError(f"unknown device {name!r}; choose cuda or interpret")
+
+
+def default_device_name() -> str:
+    """``cuda`` when a GPU is visible, else ``interpret``."""
+    return "cuda" if torch.cuda.is_available() else "interpret"

@@ -1,0 +1,58 @@
+"""The in-process executor: candidates run in this process (trusted templates, debugging, tests)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kernelforge.block import Block, Shape
+from kernelforge.devices.base import Device
+from kernelforge.execute.evaluate import evaluate, held_out_shapes, pair_speedups
+from kernelforge.result import Evaluation
+
+
+class InProcessExecutor:
+    """Evaluates candidates in this process: an :class:`~kernelforge.execute.executor.Executor`
+    for trusted templates, debugging (``--in-process``) and tests. A crash or hang of a candidate
+    takes this process with it; untrusted code runs through
+    :class:`kernelforge.execute.worker.WorkerExecutor`.
+
+    The static policy is still applied (``policy=False`` turns it off, for tests of the run-time
+    defenses), as are the held-out shapes and the post-timing re-check.
+    """
+
+    runs_code = True
+
+    def __init__(self, device: Device, *, policy: bool = True, held_out: bool = True):
+        self.device = device
+        self.policy = policy
+        self.held_out = held_out
+
+    @property
+    def kind(self) -> str:
+        """Where timings come from: the device's name (``cuda`` or ``interpret``)."""
+        return self.device.name
+
+    def prepare(self) -> None:
+        """Make the device usable in this process (before any candidate is loaded)."""
+        self.device.prepare()
+
+    def describe(self) -> dict[str, Any]:
+        """The device's environment (name, versions, timing method) results are stored under."""
+        return self.device.describe()
+
+    def evaluate(self, block: Block, source: str, shapes: list[Shape], dtype: torch.dtype, *,
+                 deterministic: bool = True) -> list[Evaluation]:
+        """Verify and time ``source`` on ``shapes`` (see :func:`~kernelforge.execute.evaluate.evaluate`)."""
+        extra = held_out_shapes(block, shapes, source, self.device.name) if self.held_out else []
+        return evaluate(block, source, shapes, dtype, self.device, deterministic=deterministic, held_out=extra,
+                        policy=self.policy)
+
+    def pair_speedups(self, block: Block, baseline_source: str, candidate_source: str, shape: Shape,
+                      dtype: torch.dtype, pairs: int) -> list[float]:
+        """Interleaved baseline/candidate speedups (see :func:`~kernelforge.execute.evaluate.pair_speedups`)."""
+        return pair_speedups(block, baseline_source, candidate_source, shape, dtype, self.device, pairs)
+
+    def close(self) -> None:
+        """Nothing to release (may be called more than once)."""

@@ -1,0 +1,193 @@
+"""What the live and the replaying generator share: taking in answers, recording every attempt
+in the store's LLM log, settling answers with the search's verdicts (a failure may earn a repair
+turn), and the summary.
+
+Every attempt is stored in ``kf_llm_calls`` with the search's evaluation count at the moment its
+response was taken in (``tick``), so a replay can hand the same answers over at the same ticks.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from kernelforge.job import LLMSpec, redact_url
+from kernelforge.llm.client import Attempt, Exchange
+from kernelforge.llm.context import REPAIRABLE, PromptContext
+from kernelforge.llm.parse import Parsed, parse_answer
+from kernelforge.search.proposer import Outcome, Proposal, ProposalKind
+
+if TYPE_CHECKING:
+    from kernelforge.template import Template
+
+
+@dataclass
+class Response:
+    """One answer of the model, taken in.
+
+    ``kind`` is ``template`` or ``points`` (handed to the search as a
+    :class:`~kernelforge.search.proposer.Proposal`, which settles it later), or a failure settled
+    at once (``no_code``, a request's final status, ...): the text stored as its kind. ``parent`` is
+    the candidate the model was asked to improve on (the failed candidate for a repair);
+    ``messages`` and ``answer`` are the conversation, for a repair turn.
+    """
+
+    seq: int
+    block_id: str
+    kind: str
+    purpose: str
+    parent: str | None
+    depth: int
+    message: str = ""
+    template: "Template | None" = None
+    target: str | None = None
+    points: list[dict[str, Any]] = field(default_factory=list)
+    row_id: int | None = None
+    messages: list[dict[str, str]] = field(default_factory=list)
+    answer: str = ""
+    settled: bool = False
+
+    @property
+    def proposal(self) -> Proposal:
+        """What the search acts on (only for ``template`` and ``points`` answers)."""
+        return Proposal(self.seq, self.block_id, ProposalKind(self.kind), self.parent, template=self.template,
+                        target=self.target, points=tuple(self.points))
+
+
+class BaseGenerator:
+    """What the live and the replaying generator share: recording, settling, the summary."""
+
+    def __init__(self, spec: LLMSpec, *, job_name: str, store, progress, context: PromptContext, record: bool = True):
+        self.spec = spec
+        self.job_name = job_name
+        self.store = store
+        self.progress = progress
+        self.context = context
+        self.record = record
+        usage = store.llm_usage(job_name)
+        self.run = usage.last_run + 1
+        self._seq = usage.last_seq
+        self.stopped: str | None = None
+        self.kinds: Counter[str] = Counter()
+        self.requests = 0
+        self.attempts = 0
+        self.tokens = 0
+
+    # -- the search's side ---------------------------------------------------------------------
+
+    def pump(self) -> None:
+        """Start what can be started (live: new requests)."""
+
+    def poll(self) -> list[Response]:
+        """Answers taken in since the last poll that the search must act on (templates, points)."""
+        raise NotImplementedError
+
+    def wait(self, timeout: float) -> None:
+        """Block until something may be ready (at most ``timeout`` seconds)."""
+
+    @property
+    def busy(self) -> bool:
+        """Something is coming (a request in flight, a stored response not yet handed over)."""
+        return False
+
+    def can_submit(self) -> bool:
+        """Whether :meth:`pump` would start a request now."""
+        return False
+
+    def settle(self, proposal: Response, kind: str, message: str = "", *, template_id: str | None = None,
+               candidate_id: str | None = None, point: dict[str, Any] | None = None) -> None:
+        """What the search made of an answer (``kind``: an :class:`Outcome` value): stored with the
+        response; a failure may earn a repair. Only the first verdict counts (per-shape tuning
+        evaluates a template once per shape)."""
+        if proposal.settled:
+            return
+        proposal.settled = True
+        self.kinds[kind] += 1
+        if proposal.row_id is not None and self.record:
+            self.store.set_llm_outcome(proposal.row_id, kind, message, template_id=template_id,
+                                       candidate_id=candidate_id)
+        self.progress.event("llm_result", block=proposal.block_id, seq=proposal.seq, outcome=kind,
+                            template=template_id, candidate=candidate_id, message=message[:300])
+        if kind in REPAIRABLE:
+            self._repair(proposal, kind, message, template_id, candidate_id, point)
+
+    def _repair(self, proposal: Response, kind: str, message: str, template_id: str | None,
+                candidate_id: str | None, point: dict[str, Any] | None) -> None:
+        """Queue a repair turn (live only)."""
+
+    def summary(self) -> dict[str, Any]:
+        return {"requests": self.requests, "attempts": self.attempts, "tokens": self.tokens,
+                "kinds": dict(self.kinds), "stopped": self.stopped or ""}
+
+    def stop(self, reason: str, *, failure: bool = True) -> None:
+        if self.stopped is None:
+            self.stopped = reason
+            if failure:
+                self.progress.event("warning", message=f"LLM generator stopped: {reason}; the search goes on "
+                                                       "without it")
+            else:
+                self.progress.event("llm_stopped", message=reason)
+
+    def close(self) -> None:
+        pass
+
+    # -- shared mechanics ----------------------------------------------------------------------
+
+    def _take_in(self, block_id: str, purpose: str, parent: str | None, depth: int, exchange: Exchange,
+                 *, replayed_from: str | None = None, messages: list[dict[str, str]] | None = None) -> Response:
+        """Record a finished request and turn its answer into a response."""
+        self._seq += 1
+        self.requests += 1
+        self.attempts += len(exchange.attempts)
+        self.tokens += exchange.tokens
+        final = exchange.final
+        parsed: Parsed | None = None
+        if exchange.ok:
+            parsed = parse_answer(exchange.text, block_id, finish_reason=final.finish_reason,
+                                  where=f"LLM answer #{self._seq}")
+            kind, message = str(parsed.kind), parsed.message
+        else:
+            kind = final.status if final else "error"
+            message = (final.error if final else None) or exchange.fatal or "no answer"
+        settled_now = kind not in (Outcome.TEMPLATE, Outcome.POINTS)
+        row_id = None
+        if self.record:
+            rows = [self._row(block_id, purpose, parent, depth, exchange, a, i == len(exchange.attempts) - 1,
+                              replayed_from) for i, a in enumerate(exchange.attempts)]
+            if rows:
+                rows[-1]["kind"] = kind if settled_now else None
+                rows[-1]["message"] = message if settled_now else None
+                if parsed is not None and parsed.template is not None:
+                    rows[-1]["template_id"] = parsed.template.id
+                row_id = self.store.add_llm_calls(rows)[-1]
+        proposal = Response(self._seq, block_id, kind, purpose, parent, depth, message,
+                            template=parsed.template if parsed else None, target=parsed.target if parsed else None,
+                            points=parsed.points if parsed else [], row_id=row_id, messages=list(messages or []),
+                            answer=exchange.text)
+        self.progress.event("llm", block=block_id, seq=self._seq, purpose=purpose, outcome=kind,
+                            attempts=[a.status for a in exchange.attempts], tokens=exchange.tokens,
+                            latency_s=round(sum(a.latency_s for a in exchange.attempts), 3),
+                            template=parsed.template.id if parsed and parsed.template else None,
+                            message=message[:300] if settled_now else "")
+        if settled_now:
+            self.kinds[kind] += 1
+            if kind in REPAIRABLE:
+                self._repair(proposal, kind, message, None, None, None)
+        return proposal
+
+    def _row(self, block_id: str, purpose: str, parent: str | None, depth: int, exchange: Exchange,
+             attempt: Attempt, final: bool, replayed_from: str | None) -> dict[str, Any]:
+        return {
+            "job": self.job_name, "run": self.run, "seq": self._seq, "attempt": attempt.attempt, "final": final,
+            "block": block_id, "purpose": purpose, "parent": parent, "depth": depth,
+            "model": str(exchange.params.get("model", "")), "base_url": redact_url(self._base_url()),
+            "request": exchange.request_json(), "request_hash": exchange.request_hash(), "response": attempt.text,
+            "finish_reason": attempt.finish_reason, "status": attempt.status, "http_status": attempt.http_status,
+            "error": attempt.error, "prompt_tokens": attempt.prompt_tokens,
+            "completion_tokens": attempt.completion_tokens, "latency_s": attempt.latency_s,
+            "tick": self.context.tick, "replayed_from": replayed_from,
+        }
+
+    def _base_url(self) -> str:
+        return self.spec.base_url

@@ -1,0 +1,274 @@
+"""Collect a job's report from its results database into :class:`~kernelforge.report.records.Report`
+records. Only stored measurements are read; nothing is measured here.
+
+Per block: the environment of the latest baseline measurement (the latest search's device), the
+winner of each study (shapes grouped as the search grouped them: ``job.tune.groups``), each shape's
+speedup with its spread (from the interleaved confirmation pairs when the search confirmed it,
+else from the two timing bands), counts by status and origin, every candidate with its origin and
+parent, the search's progress, the winners' diffs against the baseline source, compile resources,
+and where each timing sits against the device's roofline.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections import Counter
+from typing import Any
+
+from kernelforge.block import Block, Shape
+from kernelforge.candidate import Candidate
+from kernelforge.catalog import Catalog
+from kernelforge.devices.hardware import Ceilings, assess, ceilings_for, timed_device_name
+from kernelforge.job import BlockSpec, Job, Tune
+from kernelforge.objective import by_candidate, geomean, geomean_speedup, rank, speedup, speedup_spread
+from kernelforge.report.projected import collect_projection
+from kernelforge.report.records import (Banner, BlockReport, CandidateRow, CompileRow, Progress, ProgressPoint,
+                                        Report, RooflineMeta, ShapeRoofline, ShapeRow, Suspect, Winner)
+from kernelforge.result import StoredResult
+from kernelforge.store.records import StoredCandidate, StoredConfirmation
+from kernelforge.store.store import Store
+
+Table = dict[str, dict[str, StoredResult]]  # candidate id -> shape -> result
+
+
+def collect(job: Job, catalog: Catalog, store: Store) -> Report:
+    """Everything the report shows (``Report.to_json()`` is results.json)."""
+    confirmations = store.confirmations(job.name)
+    blocks = []
+    environments: dict[str, dict[str, Any]] = {}
+    for spec in job.blocks:
+        blocks.append(_collect_block(job, catalog, store, spec, confirmations, environments))
+    banners = {b.env_key: b.banner for b in blocks if b.banner}
+    return Report(
+        job=job.name, job_file=str(job.path), dtype=job.dtype, tune=job.tune, strategy=job.strategy.name,
+        storage=job.storage_url, blocks=tuple(blocks), environments=environments, banners=tuple(banners.values()),
+        projection=collect_projection(blocks, catalog),
+    )
+
+
+def _collect_block(job: Job, catalog: Catalog, store: Store, spec: BlockSpec,
+                   confirmations: list[StoredConfirmation], environments: dict[str, dict[str, Any]]) -> BlockReport:
+    block = catalog.block(spec.id)
+    shape_objs = block.shapes(spec.shapes)
+    shapes = [s.name for s in shape_objs]
+    baseline_id = Candidate.from_template(catalog.baseline(block.id)).id
+    rows = [r for r in store.results(block=block.id, dtype=job.dtype) if r.shape in shapes]
+    for r in rows:
+        environments.setdefault(r.env_key, r.env)
+    env_key = _pick_env(rows, baseline_id)
+    rows = [r for r in rows if r.env_key == env_key]
+    env = rows[0].env if rows else {}
+    table = by_candidate(rows)
+    candidates = {c.id: c for c in store.candidates(block.id)}
+    statuses: Counter = Counter()
+    worst: dict[str, str] = {}
+    for cid, per_shape in table.items():
+        worst[cid] = next((r.status.value for r in per_shape.values() if not r.ok), "ok")
+        statuses[worst[cid]] += 1
+    origin_of = {cid: (candidates[cid].origin if cid in candidates else "?") for cid in table}
+    origins = Counter(origin_of[cid] for cid in table if cid in candidates)
+    origin_status: dict[str, Counter] = {}
+    for cid in table:
+        origin_status.setdefault(origin_of[cid], Counter())[worst[cid]] += 1
+    ceilings = _ceilings(env)
+    confirmed = [c for c in confirmations if c.block == block.id and c.env_key == env_key]
+    shape_rows = _shape_rows(job.tune, shape_objs, table, baseline_id, candidates, confirmed, ceilings)
+    speedups = [r.speedup for r in shape_rows if r.speedup]
+    order = sorted(table, key=lambda cid: (min(r.created for r in table[cid].values()),
+                                           candidates[cid].created if cid in candidates else 0.0))
+    winners = _winners(shape_rows, candidates, baseline_id)
+    compiles = [CompileRow(**vars(c), role="baseline" if c.candidate_id == baseline_id else "winner")
+                for c in store.compiles([baseline_id, *[w.id for w in winners]], job.dtype)]
+    compiles.sort(key=lambda r: (r.target, r.role != "baseline"))  # baseline first, then winners
+    return BlockReport(
+        block=block.id, description=block.description, shapes=tuple(shape_rows),
+        geomean_speedup=geomean(speedups) if speedups else None,
+        statuses=dict(statuses), origins=dict(origins), candidates=len(table),
+        origin_status={k: dict(v) for k, v in origin_status.items()},
+        env_key=env_key, baseline=baseline_id, banner=_banner(env) if env else None,
+        device_name=env.get("device_name"),
+        candidate_rows=_candidate_rows(order, table, baseline_id, shapes, candidates, origin_of, worst),
+        progress=_progress(order, table, baseline_id, shapes, origin_of, job.tune),
+        winners=tuple(winners), compiles=tuple(compiles),
+        roofline=_roofline_meta(env, ceilings),
+        suspects=_suspects(table, ceilings),
+    )
+
+
+def _shape_rows(tune: Tune, shapes: list[Shape], table: Table, baseline_id: str,
+                candidates: dict[str, StoredCandidate], confirmations: list[StoredConfirmation],
+                ceilings: Ceilings | None) -> list[ShapeRow]:
+    """One row per shape: the winner of the shape's study (the best candidate over the group that
+    beat the baseline, else the baseline) against the baseline."""
+    rows = []
+    base_rows = table.get(baseline_id, {})
+    for group in tune.groups(shapes):
+        names = [s.name for s in group]
+        ranked = [(cid, s) for cid, s in rank(table, baseline_id, names) if cid != baseline_id]
+        winner = ranked[0][0] if ranked and ranked[0][1] > 1.0 else baseline_id
+        for shape in group:
+            base = base_rows.get(shape.name)
+            best = table.get(winner, {}).get(shape.name)
+            confirmed = [c for c in confirmations if c.shape == shape.name and c.candidate_id == winner]
+            conf = confirmed[-1] if confirmed else None  # a re-run's confirmation supersedes earlier ones
+            band = speedup_spread(base, best) if base and best else None
+            rows.append(ShapeRow(
+                shape=shape.name, dims=shape.as_dict(),
+                baseline_s=base.median_s if base else None, best_s=best.median_s if best else None,
+                baseline_p20_s=base.p20_s if base else None, baseline_p80_s=base.p80_s if base else None,
+                best_p20_s=best.p20_s if best else None, best_p80_s=best.p80_s if best else None,
+                baseline_samples=base.samples if base else None, best_samples=best.samples if best else None,
+                baseline_j=base.joules if base else None, best_j=best.joules if best else None,
+                winner_rel_error=best.rel_error if best else None,
+                winner=winner, winner_is_baseline=winner == baseline_id,
+                params=candidates[winner].params if winner in candidates else {},
+                template=candidates[winner].template if winner in candidates else None,
+                speedup=conf.median if conf else speedup(base, best),
+                speedup_p20=conf.p20 if conf else (band[0] if band else None),
+                speedup_p80=conf.p80 if conf else (band[1] if band else None),
+                confirmed=bool(conf), pairs=len(conf.speedups) if conf else 0,
+                significant=bool(conf and conf.p20 > 1.0),
+                flops=base.flops if base else None, bytes=base.bytes if base else None,
+                timing_label=base.timing_label if base else None, timing_method=base.timing_method if base else None,
+                roofline=ShapeRoofline(
+                    baseline=assess(base.flops, base.bytes, base.median_s, ceilings) if base and base.ok else None,
+                    winner=assess(best.flops, best.bytes, best.median_s, ceilings) if best and best.ok else None),
+            ))
+    return rows
+
+
+def _candidate_rows(order: list[str], table: Table, baseline_id: str, shapes: list[str],
+                    candidates: dict[str, StoredCandidate], origin_of: dict[str, str],
+                    worst: dict[str, str]) -> tuple[CandidateRow, ...]:
+    base_rows = table.get(baseline_id, {})
+    rows = []
+    for index, cid in enumerate(order):
+        c = candidates.get(cid)
+        measured = [table[cid][s] for s in shapes if s in table[cid]]
+        rows.append(CandidateRow(
+            order=index, id=cid, template=c.template if c else "?", origin=origin_of[cid],
+            parent=c.parent if c else None, status=worst[cid],
+            geomean_speedup=geomean_speedup(measured, base_rows), shapes=len(measured),
+            params=c.params if c else {},
+        ))
+    return tuple(rows)
+
+
+def _winners(shape_rows: list[ShapeRow], candidates: dict[str, StoredCandidate], baseline_id: str) -> list[Winner]:
+    """The candidates that won some shape, with their diff against the baseline's source."""
+    winners = []
+    base = candidates.get(baseline_id)
+    for wid in dict.fromkeys(r.winner for r in shape_rows if not r.winner_is_baseline):
+        c = candidates.get(wid)
+        if c is None:
+            continue
+        winners.append(Winner(
+            id=wid, template=c.template, origin=c.origin, parent=c.parent, params=c.params,
+            shapes=tuple(r.shape for r in shape_rows if r.winner == wid), source=c.source,
+            diff=_diff(base.source, c.source, baseline_id, wid) if base else "",
+        ))
+    return winners
+
+
+def _progress(order: list[str], table: Table, baseline_id: str, shapes: list[str], origins: dict[str, str],
+              tune: Tune) -> Progress:
+    """Speedup of each evaluation in stored order and the best speedup so far.
+
+    All-shapes tuning: a candidate's speedup is its geometric mean over the block's shapes and the
+    best so far is the running maximum. Per-shape tuning: every shape has its own best; the line is
+    the geometric mean over shapes of the best so far per shape (the baseline, 1x, until a shape
+    finds better).
+    """
+    base = table.get(baseline_id, {})
+    points, best_line = [], []
+    best_all = 0.0
+    best_per_shape = {s: 1.0 for s in shapes}
+    for index, cid in enumerate(order):
+        rows = table[cid]
+        measured = [s for s in shapes if s in rows]
+        value = geomean_speedup([rows[s] for s in measured], base)
+        status = "ok" if value is not None else next((rows[s].status.value for s in measured if not rows[s].ok), "ok")
+        origin = origins.get(cid, "?")
+        points.append(ProgressPoint(index=index, candidate=cid, origin=origin, speedup=value, status=status,
+                                    label=f"#{index} {cid} ({origin}): "
+                                          + (f"{value:.3f}x" if value is not None else status)))
+        if tune is Tune.PER_SHAPE:
+            if value is not None:
+                for s in measured:
+                    best_per_shape[s] = max(best_per_shape[s], speedup(base.get(s), rows[s]))  # type: ignore[type-var]
+            best_line.append((index, geomean(list(best_per_shape.values()))))
+        else:
+            if value is not None and len(measured) == len(shapes):
+                best_all = max(best_all, value)
+            best_line.append((index, best_all if best_all else 1.0))
+    return Progress(points=tuple(points), best=tuple(best_line), mode=tune)
+
+
+def _suspects(table: Table, ceilings: Ceilings | None) -> tuple[Suspect, ...]:
+    """Results faster than the datasheet roofline allows (only where ceilings are known)."""
+    if not ceilings:
+        return ()
+    return tuple(
+        Suspect(candidate=cid, shape=shape, median_s=r.median_s,
+                roofline_s=ceilings.roofline_seconds(r.flops or 0.0, r.bytes or 0.0))
+        for cid, per_shape in table.items() for shape, r in per_shape.items()
+        if r.ok and r.median_s and assess(r.flops, r.bytes, r.median_s, ceilings).suspect
+    )
+
+
+def _pick_env(rows: list[StoredResult], baseline_id: str) -> str | None:
+    """The environment a block is reported in: the one of the most recent baseline measurement
+    (the baseline is measured first in every search, so this is the latest search's device)."""
+    base = [r for r in rows if r.candidate_id == baseline_id]
+    if not base:
+        return None
+    return max(base, key=lambda r: r.created).env_key
+
+
+def _banner(env: dict[str, Any]) -> Banner | None:
+    """What to say above numbers that are not live GPU timings (None for a real GPU)."""
+    device = str(env.get("device", ""))
+    if device == "interpret" or "interpreter" in str(env.get("timing", "")):
+        return Banner(kind="interpret", device_name=str(env.get("device_name", "")),
+                      text=f"Interpreter timings: {env.get('timing', 'interpreter wall time')}. These are Triton "
+                           "interpreter wall times on the CPU; they measure no GPU and say nothing about GPU speed. "
+                           "Correctness results are real.")
+    if device == "replay":
+        return Banner(kind="replay", device_name=str(env.get("device_name", "")),
+                      text=f"Replayed timings: {env.get('timing', 'replayed')}. The numbers were measured earlier on "
+                           f"{env.get('recorded_device', '?')} and are read back from a recording, not measured now.")
+    return None
+
+
+def _diff(base_source: str, source: str, base_id: str, cand_id: str) -> str:
+    return "".join(difflib.unified_diff(
+        base_source.splitlines(keepends=True), source.splitlines(keepends=True),
+        fromfile=f"baseline {base_id}", tofile=f"winner {cand_id}", n=3))
+
+
+def _ceilings(env: dict[str, Any]) -> Ceilings | None:
+    name = timed_device_name(env)
+    return ceilings_for(name) if name else None
+
+
+def _roofline_meta(env: dict[str, Any], ceilings: Ceilings | None) -> RooflineMeta:
+    """Which ceilings the block's timings are placed against, and why (or why not)."""
+    device = timed_device_name(env)
+    if not env:
+        return RooflineMeta(device=None, ceilings=None, note="no timed results")
+    if device is None:
+        return RooflineMeta(
+            device=None, ceilings=None,
+            note="Interpreter wall time on the CPU: no GPU ceiling applies. The rates below are stored "
+                 "FLOP and byte counts over interpreter time: not GPU speed, not a percent of any roofline.")
+    if ceilings is None:
+        return RooflineMeta(device=device, ceilings=None,
+                            note=f"{device}: no known ceilings in kernelforge.devices.hardware; add the device there "
+                                 "to get percent of roofline.")
+    return RooflineMeta(
+        device=device, ceilings=ceilings,
+        note=(f"{device} ({ceilings.name}): percent of roofline against "
+              + ("measured ceilings " if ceilings.measured else "datasheet ceilings ")
+              + f"({ceilings.practical_bandwidth / 1e12:.2f} TB/s, {ceilings.practical_flops / 1e12:.0f} "
+              f"TFLOP/s; source: {ceilings.source}); suspect = faster than the datasheet roofline "
+              f"({ceilings.bandwidth / 1e12:.2f} TB/s, {ceilings.flops / 1e12:.0f} TFLOP/s)."))

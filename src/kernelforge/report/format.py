@@ -1,0 +1,87 @@
+"""How the report writes numbers and records as text: times, changes, rates, speedups, parameter
+points, roofline cells. Shared by REPORT.md, the HTML pages and the comparison."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kernelforge.devices.hardware import RooflinePoint
+from kernelforge.report.records import ShapeRow
+from kernelforge.result import format_seconds
+
+
+def fmt_time(value: float | None) -> str:
+    """A stored time for a table, or "-"."""
+    return format_seconds(value) if value else "-"
+
+
+def fmt_delta(value: float | None) -> str:
+    """A signed change of time (negative = saved)."""
+    if value is None:
+        return "-"
+    return ("-" if value < 0 else "+") + format_seconds(abs(value))
+
+
+def fmt_rate(value: float | None, unit: str) -> str:
+    """A rate with a T/G/M prefix ("4.3 TB/s"), or "-"."""
+    if value is None:
+        return "-"
+    scale, prefix = (1e12, "T") if value >= 1e11 else (1e9, "G") if value >= 1e8 else (1e6, "M")
+    return f"{value / scale:.3g} {prefix}{unit}"
+
+
+def fmt_speedup(value: float | None) -> str:
+    """A speedup as "1.234x", or "-"."""
+    return "-" if value is None else f"{value:.3f}x"
+
+
+def fmt_joules(value: float | None) -> str:
+    """An energy as "0.1234 J", or "-"."""
+    return "-" if value is None else f"{value:.4g} J"
+
+
+def params_text(params: dict[str, Any]) -> str:
+    """A point of a space as "NAME=value ..."."""
+    return " ".join(f"{k}={v}" for k, v in params.items())
+
+
+def speedup_text(row: ShapeRow) -> str:
+    """A shape's speedup with its p20-p80 spread ("1.234x (1.200-1.250)"), or "-"."""
+    if row.speedup is None:
+        return "-"
+    text = f"{row.speedup:.3f}x"
+    if row.speedup_p20 is not None:
+        text += f" ({row.speedup_p20:.3f}-{row.speedup_p80:.3f})"
+    return text
+
+
+def confirmed_text(row: ShapeRow) -> str:
+    """What the interleaved re-timing said: faster beyond noise, slower beyond noise, or neither."""
+    if row.significant:
+        return "yes, significant"
+    if row.speedup_p80 is not None and row.speedup_p80 < 1.0:
+        return "yes, slower on this shape"
+    return "yes, within noise"
+
+
+def roofline_cells(point: RooflinePoint | None, has_ceiling: bool) -> tuple[str, str, str]:
+    """(FLOP rate, bandwidth, percent of roofline) cells of one timed result."""
+    if not point:
+        return "-", "-", "-"
+    pct = "-"
+    if has_ceiling and point.percent is not None:
+        pct = f"{point.percent:.1f}%"
+        if point.suspect:
+            pct += " SUSPECT"
+    return fmt_rate(point.achieved_flops, "FLOP/s"), fmt_rate(point.achieved_bandwidth, "B/s"), pct
+
+
+def env_title(env: dict[str, Any]) -> str:
+    """Device and versions of an env in one short line."""
+    if not env:
+        return "no results"
+    parts = [str(env.get("device_name", env.get("device", "?")))]
+    for key in ("triton", "torch", "cuda", "driver"):
+        if env.get(key):
+            parts.append(f"{key} {env[key]}")
+    return ", ".join(parts)

@@ -1,0 +1,190 @@
+"""REPORT.md and results.json of a collected :class:`~kernelforge.report.records.Report`.
+
+REPORT.md: per block the speedup table, candidates, winner diffs, roofline and compile resources;
+then the model-level projection and the environments the numbers came from. Interpreter and
+replayed timings are labelled as such, and never placed against a GPU ceiling.
+"""
+
+from __future__ import annotations
+
+import json
+
+from kernelforge.report.format import (confirmed_text, fmt_delta, fmt_joules, fmt_speedup, fmt_time, params_text,
+                                       roofline_cells, speedup_text)
+from kernelforge.report.projected import NOTHING_PROJECTED
+from kernelforge.report.records import BlockReport, ProjectionReport, Report
+
+#: Device kinds whose timings are not live GPU measurements: they get a banner everywhere.
+LABELLED_DEVICES = ("interpret", "replay")
+
+
+def results_json(report: Report) -> str:
+    """results.json: every record of the report as plain data."""
+    return json.dumps(report.to_json(), indent=1, default=str) + "\n"
+
+
+def to_markdown(report: Report) -> str:
+    """REPORT.md: per block the speedup table, candidates, winner diff, roofline and compile
+    resources; then the model-level projection and the environments the numbers came from."""
+    lines = [f"# kernelforge report: {report.job}", ""]
+    lines.append(f"Job `{report.job_file}`, dtype {report.dtype}, tuning {report.tune}, strategy {report.strategy}. "
+                 "Every number below is read from the job's results database; speedup = baseline time / winner "
+                 "time, with its p20-p80 spread (from interleaved re-timing pairs where marked confirmed).")
+    lines.append("")
+    for env in report.environments.values():
+        if env.get("device") in LABELLED_DEVICES or "interpreter" in str(env.get("timing", "")):
+            lines.append(f"> **{env.get('timing', env.get('device'))}** ({env.get('device_name')}): "
+                         "these timings are not GPU measurements of speed.")
+            lines.append("")
+    for block in report.blocks:
+        lines.extend(_block_markdown(block))
+    lines.extend(_projection_markdown(report.projection))
+    lines.append("## Environment")
+    lines.append("")
+    for key, env in report.environments.items():
+        lines.append(f"- `{key}`: " + ", ".join(f"{k} {v}" for k, v in sorted(env.items())))
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _block_markdown(block: BlockReport) -> list[str]:
+    lines = [f"## {block.block}", ""]
+    if block.description:
+        lines.append(block.description)
+        lines.append("")
+    geo = block.geomean_speedup
+    lines.append(f"Geometric-mean speedup: **{geo:.3f}x** over {len(block.shapes)} shape(s); "
+                 f"{block.candidates} candidates evaluated; by status: "
+                 + ", ".join(f"{k} {v}" for k, v in sorted(block.statuses.items()))
+                 + "; by origin: " + ", ".join(f"{k} {v}" for k, v in sorted(block.origins.items())) + "."
+                 if geo else "No timed results.")
+    lines.append("")
+    lines.append("| shape | baseline | best | speedup (p20-p80) | confirmed | winner | parameters |")
+    lines.append("|---|---|---|---|---|---|---|")
+    for row in block.shapes:
+        winner = "baseline" if row.winner_is_baseline else f"`{row.winner}` ({row.template})"
+        confirmed = f"{confirmed_text(row)} ({row.pairs} pairs)" if row.confirmed else "no"
+        lines.append(
+            f"| {row.shape} | {fmt_time(row.baseline_s)} | {fmt_time(row.best_s)} | {speedup_text(row)} | "
+            f"{confirmed} | {winner} | {params_text(row.params)} |"
+        )
+    labels = sorted({r.timing_label for r in block.shapes if r.timing_label})
+    if labels:
+        lines.append("")
+        lines.append("Timing: " + "; ".join(labels) + ".")
+    lines.append("")
+    if block.candidate_rows:
+        lines.append(f"### Candidates of {block.block}")
+        lines.append("")
+        lines.append("| # | id | template | origin | parent | status | geomean speedup | parameters |")
+        lines.append("|---|---|---|---|---|---|---|---|")
+        for c in block.candidate_rows:
+            lines.append(f"| {c.order} | `{c.id}` | {c.template} | {c.origin} | "
+                         f"{('`' + c.parent + '`') if c.parent else '-'} | {c.status} | "
+                         f"{fmt_speedup(c.geomean_speedup)} | {params_text(c.params)} |")
+        lines.append("")
+    for w in block.winners:
+        lines.append(f"### Winner `{w.id}` against the baseline source")
+        lines.append("")
+        lines.append(f"Template {w.template}, origin {w.origin}, parent "
+                     f"{('`' + w.parent + '`') if w.parent else '-'}; chosen for {', '.join(w.shapes)}.")
+        lines.append("")
+        lines.append("```diff")
+        lines.append(w.diff.rstrip("\n") or "(identical sources)")
+        lines.append("```")
+        lines.append("")
+    if not block.winners and block.candidate_rows:
+        lines.append("No candidate beat the baseline: the baseline stays the winner (no diff).")
+        lines.append("")
+    lines.extend(_roofline_markdown(block))
+    for s in block.suspects:
+        lines.append(f"**Faster than physically possible — suspect:** candidate `{s.candidate}` on {s.shape}: "
+                     f"{fmt_time(s.median_s)} measured, the datasheet roofline allows no less than "
+                     f"{fmt_time(s.roofline_s)}.")
+        lines.append("")
+    if block.compiles:
+        lines.append(f"### Compile resources of {block.block}")
+        lines.append("")
+        lines.append("| role | candidate | target | status | kernel | registers | spills st/ld (B) | shared mem (B) | warps | stages |")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|")
+        for c in block.compiles:
+            for k in c.kernels or ({},):
+                lines.append(f"| {c.role} | `{c.candidate_id}` | {c.target} | {c.status} | "
+                             f"{k.get('name', '-')} | {k.get('registers', '-')} | "
+                             f"{k.get('spill_stores', '-')}/{k.get('spill_loads', '-')} | {k.get('shared_bytes', '-')} | "
+                             f"{k.get('num_warps', '-')} | {k.get('num_stages', '-')} |")
+        lines.append("")
+    return lines
+
+
+def _roofline_markdown(block: BlockReport) -> list[str]:
+    if not any(r.roofline.baseline or r.roofline.winner for r in block.shapes):
+        return []
+    has = block.roofline is not None and block.roofline.ceilings is not None
+    lines = [f"### Roofline of {block.block}", "", block.roofline.note if block.roofline else "", ""]
+    lines.append("| shape | FLOP/byte | bound | baseline FLOP/s | baseline B/s | baseline % roof | "
+                 "winner FLOP/s | winner B/s | winner % roof |")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
+    for r in block.shapes:
+        b, w = r.roofline.baseline, r.roofline.winner
+        point = b or w
+        intensity = point.intensity if point else None
+        bound = point.bound if has and point else None
+        lines.append(f"| {r.shape} | {intensity:.3g} | {bound or 'n/a'} | "
+                     + " | ".join(roofline_cells(b, has)) + " | " + " | ".join(roofline_cells(w, has)) + " |"
+                     if intensity is not None else f"| {r.shape} | - | - | - | - | - | - | - | - |")
+    lines.append("")
+    return lines
+
+
+def _projection_markdown(projection: ProjectionReport | None) -> list[str]:
+    if not projection:
+        return []
+    lines = ["## Model-level projection (TTFT / TBT)", ""]
+    models = ", ".join(f"{k} {v} layers" for k, v in projection.models.items())
+    lines.append(f"What the measured per-call times of the attention and MoE blocks mean for the whole model ({models}; "
+                 "window-128 attention on half the layers, full on the other half). TTFT: prefill attention on "
+                 "every layer plus the MoE experts over the prefill tokens; TBT: one decode step at batch B at the "
+                 "profile's full context. Only these blocks' contribution changes; not measured and not included: "
+                 + ", ".join(projection.not_measured) + ".")
+    lines.append("")
+    if projection.devices:
+        lines.append("Per-call times from: " + "; ".join(f"{b} on {d}" for b, d in projection.devices.items())
+                     + " (versions under Environment).")
+        lines.append("")
+    if not projection.measured_any:
+        lines.append(NOTHING_PROJECTED)
+        lines.append("")
+    for p in projection.profiles:
+        lines.append(f"### {p.profile} ({p.input_tokens} in / {p.output_tokens} out)")
+        lines.append("")
+        if p.phases:
+            lines.append("| phase | model | batch | baseline blocks | winner blocks | change | speedup | "
+                         "J/token baseline | J/token winner | calls |")
+            lines.append("|---|---|---|---|---|---|---|---|---|---|")
+            for ph in p.phases:
+                for c in ph.components:
+                    if not c.complete:
+                        continue
+                    lines.append(f"| {ph.kind} {c.label} | {ph.model} | {ph.batch or '-'} | "
+                                 f"{fmt_time(c.baseline_s)} | {fmt_time(c.winner_s)} | {fmt_delta(c.change_s)} | "
+                                 f"{fmt_speedup(c.baseline_s / c.winner_s if c.winner_s else None)} | "
+                                 f"{fmt_joules(c.baseline_j_per_token)} | {fmt_joules(c.winner_j_per_token)} | "
+                                 f"{c.calls} |")
+                if ph.complete:
+                    lines.append(f"| **{ph.kind} total (these blocks)** | {ph.model} | {ph.batch or '-'} | "
+                                 f"{fmt_time(ph.baseline_s)} | {fmt_time(ph.winner_s)} | {fmt_delta(ph.change_s)} | "
+                                 f"{fmt_speedup(ph.speedup)} | {fmt_joules(ph.baseline_j_per_token)} | "
+                                 f"{fmt_joules(ph.winner_j_per_token)} | all parts measured |")
+            notes = sorted({c.note for ph in p.phases for c in ph.components if c.note and c.complete})
+            for n in notes:
+                lines.append("")
+                lines.append(f"Note: {n}.")
+            lines.append("")
+        if p.missing_groups:
+            lines.append("Missing shapes (no projection is made from them):")
+            lines.append("")
+            for g in p.missing_groups:
+                lines.append(f"- {g.block}, {g.why}: " + ", ".join(f"`{s}`" for s in g.shapes))
+            lines.append("")
+    return lines

@@ -1,0 +1,280 @@
+"""The report's data: frozen records collected from the store (:mod:`kernelforge.report.collect`)
+and rendered as REPORT.md, results.json and index.html.
+
+results.json is :meth:`Report.to_json`: these records as plain data, with the same field names.
+Times are seconds, speedups baseline time / winner time (above 1: the winner is faster); None
+where nothing was measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kernelforge.devices.hardware import Ceilings, RooflinePoint
+from kernelforge.job import Tune
+from kernelforge.store.records import StoredCompile
+
+
+@dataclass(frozen=True)
+class Banner:
+    """What is said above numbers that are not live GPU timings (``kind``: interpret or replay)."""
+
+    kind: str
+    device_name: str
+    text: str
+
+
+@dataclass(frozen=True)
+class ShapeRoofline:
+    """Where the baseline's and the winner's timings of one shape sit against the roofline."""
+
+    baseline: RooflinePoint | None
+    winner: RooflinePoint | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShapeRow:
+    """One shape of a block: the baseline, the winner of the shape's study, and the speedup with
+    its p20-p80 spread (from the confirmation pairs when ``confirmed``, else the timing bands)."""
+
+    shape: str
+    dims: dict[str, Any]
+    baseline_s: float | None
+    best_s: float | None
+    baseline_p20_s: float | None
+    baseline_p80_s: float | None
+    best_p20_s: float | None
+    best_p80_s: float | None
+    baseline_samples: int | None
+    best_samples: int | None
+    baseline_j: float | None
+    best_j: float | None
+    winner_rel_error: float | None
+    winner: str
+    winner_is_baseline: bool
+    params: dict[str, Any]
+    template: str | None
+    speedup: float | None
+    speedup_p20: float | None
+    speedup_p80: float | None
+    confirmed: bool
+    pairs: int  # interleaved re-timing pairs of the confirmation
+    significant: bool  # confirmed faster: the pairs' p20 is above 1
+    flops: float | None
+    bytes: float | None
+    timing_label: str | None
+    timing_method: str | None
+    roofline: ShapeRoofline
+
+
+@dataclass(frozen=True)
+class CandidateRow:
+    """One evaluated candidate of a block, in the order it was first measured."""
+
+    order: int
+    id: str
+    template: str
+    origin: str
+    parent: str | None
+    status: str  # "ok", or the status of a shape it failed on
+    geomean_speedup: float | None  # over the shapes it was measured on, when all of them passed
+    shapes: int
+    params: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Winner:
+    """A candidate that beat the baseline on some shapes, with its source and its diff against
+    the baseline's source."""
+
+    id: str
+    template: str
+    origin: str
+    parent: str | None
+    params: dict[str, Any]
+    shapes: tuple[str, ...]
+    source: str
+    diff: str
+
+
+@dataclass(frozen=True)
+class CompileRow(StoredCompile):
+    """A stored compile of the baseline or a winner (``role``)."""
+
+    role: str = "winner"
+
+
+@dataclass(frozen=True)
+class Suspect:
+    """A result faster than the datasheet roofline allows: a broken measurement or a cheat."""
+
+    candidate: str
+    shape: str
+    median_s: float
+    roofline_s: float
+
+
+@dataclass(frozen=True)
+class ProgressPoint:
+    """One evaluation of the search's progress chart."""
+
+    index: int
+    candidate: str
+    origin: str
+    speedup: float | None
+    status: str
+    label: str
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Speedup of each evaluation in stored order and the best so far ((index, speedup) pairs)."""
+
+    points: tuple[ProgressPoint, ...]
+    best: tuple[tuple[int, float], ...]
+    mode: Tune
+
+
+@dataclass(frozen=True)
+class RooflineMeta:
+    """Which ceilings a block's timings are placed against (None: none apply), and why."""
+
+    device: str | None
+    ceilings: Ceilings | None
+    note: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockReport:
+    """Everything the report says about one block, in the environment of its latest baseline
+    measurement (``env_key``). Sections an older report lacks have empty defaults."""
+
+    block: str
+    description: str
+    shapes: tuple[ShapeRow, ...]
+    geomean_speedup: float | None
+    statuses: dict[str, int]
+    origins: dict[str, int]
+    candidates: int
+    origin_status: dict[str, dict[str, int]] = field(default_factory=dict)
+    env_key: str | None = None
+    baseline: str = ""
+    banner: Banner | None = None
+    device_name: str | None = None
+    candidate_rows: tuple[CandidateRow, ...] = ()
+    progress: Progress | None = None
+    winners: tuple[Winner, ...] = ()
+    compiles: tuple[CompileRow, ...] = ()
+    roofline: RooflineMeta | None = None
+    suspects: tuple[Suspect, ...] = ()
+
+
+# -- the model-level projection --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MissingShape:
+    """A shape a projection needs and the job did not measure, and why."""
+
+    block: str
+    shape: str
+    why: str
+
+
+@dataclass(frozen=True)
+class MissingGroup:
+    """Missing shapes of one block with the same reason."""
+
+    block: str
+    why: str
+    shapes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ComponentRow:
+    """One block's part of a phase (see kernelforge.report.projection.Component)."""
+
+    block: str
+    label: str
+    complete: bool
+    calls: str
+    baseline_s: float | None
+    winner_s: float | None
+    change_s: float | None
+    baseline_j_per_token: float | None
+    winner_j_per_token: float | None
+    missing: tuple[str, ...]
+    note: str
+
+
+@dataclass(frozen=True)
+class PhaseRow:
+    """TTFT or TBT of one model (see kernelforge.report.projection.Phase)."""
+
+    kind: str
+    model: str
+    batch: int | None
+    tokens: int
+    complete: bool
+    baseline_s: float | None
+    winner_s: float | None
+    change_s: float | None
+    speedup: float | None
+    baseline_j_per_token: float | None
+    winner_j_per_token: float | None
+    components: tuple[ComponentRow, ...]
+
+
+@dataclass(frozen=True)
+class ProfileReport:
+    """The projection of one workload profile: the phases with a measured part, what is missing."""
+
+    profile: str
+    input_tokens: int
+    output_tokens: int
+    phases: tuple[PhaseRow, ...]
+    missing: tuple[MissingShape, ...]
+    missing_groups: tuple[MissingGroup, ...]
+    measured_any: bool
+
+
+@dataclass(frozen=True)
+class ProjectionReport:
+    """The model-level projection of every profile; ``devices``: block -> the device measured."""
+
+    profiles: tuple[ProfileReport, ...]
+    devices: dict[str, str]
+    not_measured: tuple[str, ...]
+    measured_any: bool
+    models: dict[str, int]  # model name -> layers
+
+
+# -- the whole report -------------------------------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class Report:
+    """The report of one job: its blocks, the environments the numbers came from (env_key ->
+    device and versions), the banners of non-GPU timings and the model-level projection."""
+
+    job: str
+    job_file: str
+    dtype: str
+    tune: Tune | str
+    strategy: str
+    storage: str = ""
+    blocks: tuple[BlockReport, ...]
+    environments: dict[str, dict[str, Any]]
+    banners: tuple[Banner, ...] = ()
+    projection: ProjectionReport | None = None
+
+    def block(self, block_id: str) -> BlockReport | None:
+        """The block ``block_id`` of this report, or None."""
+        return next((b for b in self.blocks if b.block == block_id), None)
+
+    def env(self, block: BlockReport) -> dict[str, Any]:
+        """The environment a block's numbers come from ({} when nothing was stored)."""
+        return self.environments.get(block.env_key or "", {})
+
+    def to_json(self) -> dict[str, Any]:
+        """results.json: the records as plain data (tuples become lists when dumped)."""
+        return asdict(self)

@@ -1,0 +1,44 @@
+"""Write a job's report files (REPORT.md, results.json, index.html) and the compare page of two
+jobs: collect from the store, render, write. Only stored measurements are read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kernelforge.catalog import Catalog
+from kernelforge.errors import UserError
+from kernelforge.job import Job
+from kernelforge.report.collect import collect
+from kernelforge.report.compare import compare, compare_markdown
+from kernelforge.report.html import render_compare, render_html
+from kernelforge.report.markdown import results_json, to_markdown
+from kernelforge.report.records import Report
+from kernelforge.store.store import Store
+
+
+def write_report(job: Job, catalog: Catalog, store: Store, folder: Path | None = None) -> Path:
+    """Write REPORT.md, results.json and index.html into ``folder`` (default reports/<job>/);
+    returns the path of REPORT.md. Raises UserError when the folder cannot be written."""
+    folder = folder or job.report_dir
+    report = collect(job, catalog, store)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "results.json").write_text(results_json(report), encoding="utf-8")
+        path = folder / "REPORT.md"
+        path.write_text(to_markdown(report), encoding="utf-8")
+        (folder / "index.html").write_text(render_html(report), encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"cannot write the report into {folder} ({exc.strerror}); check that the folder is writable") from None
+    return path
+
+
+def write_compare(a: Report, b: Report, folder: Path = Path("reports")) -> tuple[str, Path]:
+    """Write ``folder``/compare-<a>-vs-<b>.html; returns (the comparison's Markdown, the HTML path)."""
+    cmp = compare(a, b)
+    path = folder / f"compare-{a.job}-vs-{b.job}.html"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_text(render_compare(cmp), encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"cannot write {path} ({exc.strerror}); check that the folder is writable") from None
+    return compare_markdown(cmp), path

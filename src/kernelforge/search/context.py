@@ -1,0 +1,59 @@
+"""The run context: what every stage of one search run shares, fixed once the executor is ready.
+
+Built by :meth:`kernelforge.search.loop.Search.prepare` after the executor described its
+environment; the measuring pipeline, the confirmation and the proposers read it instead of
+reaching into the search.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping
+
+from kernelforge.block import DTYPES
+from kernelforge.candidate import Candidate
+from kernelforge.catalog import Catalog
+from kernelforge.job import Job
+
+if TYPE_CHECKING:
+    import torch
+
+    from kernelforge.execute.executor import Executor
+    from kernelforge.search.progress import Progress
+    from kernelforge.store.store import Store
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """One search run's fixed facts.
+
+    ``env`` is the executor's description of the environment (device, versions) and ``env_key``
+    its key: results are looked up and stored under it. ``target`` is the ahead-of-time compile
+    target (None when nothing is compiled). ``baselines``: block id -> the human baseline
+    candidate. ``deadline``: the wall-clock end of the whole job (``time.time()`` seconds; None
+    without ``[strategy] max_minutes``).
+    """
+
+    job: Job
+    catalog: Catalog
+    store: "Store"
+    executor: "Executor"
+    progress: "Progress"
+    env: Mapping[str, Any]
+    env_key: str
+    baselines: Mapping[str, Candidate]
+    target: str | None = None
+    deadline: float | None = None
+
+    @property
+    def dtype_name(self) -> str:
+        return self.job.dtype
+
+    @property
+    def dtype(self) -> "torch.dtype":
+        return DTYPES[self.job.dtype]
+
+    @property
+    def device_name(self) -> str:
+        """The device as results and events name it."""
+        return str(self.env.get("device_name", self.executor.kind))

@@ -1,0 +1,135 @@
+"""The measuring pipeline of a search: a candidate's results on a shape group, from the store when
+it was measured before under the same environment, else compiled ahead of time, verified and
+timed by the executor, and stored the moment they exist.
+
+Order of the checks, each ending in stored results (failures are data): the policy gate
+(proposed code only; rejected, nothing runs), the ahead-of-time compile (submitted to the compile
+pool while the device works on an earlier candidate), then the executor.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+from dataclasses import asdict
+
+from kernelforge.block import Block, Shape
+from kernelforge.candidate import Candidate
+from kernelforge.errors import UserError
+from kernelforge.result import Evaluation, Status, StoredResult, Verification
+from kernelforge.search.context import RunContext
+from kernelforge.search.gate import PolicyGate
+
+
+class Pipeline:
+    """Measures candidates for one run. ``pool`` is the compile pool (None: nothing is compiled
+    ahead of time, as with ``--no-compile`` or an executor that runs no code)."""
+
+    def __init__(self, run: RunContext, gate: PolicyGate, pool=None):
+        self.run = run
+        self.gate = gate
+        self.pool = pool
+
+    def stored(self, candidate: Candidate, shapes: list[Shape]) -> dict[str, StoredResult]:
+        """The candidate's results already stored under this run's environment, by shape name."""
+        found = {}
+        for shape in shapes:
+            row = self.run.store.find_result(candidate.id, shape.name, self.run.dtype_name, self.run.env_key)
+            if row is not None:
+                found[shape.name] = row
+        return found
+
+    def submit_compile(self, candidate: Candidate) -> Future | None:
+        """Start compiling ``candidate`` ahead of time (None: not compiled, or refused by the gate)."""
+        if self.pool is None or self.gate.failure(candidate) is not None:
+            return None
+        return self.pool.submit(candidate.source, candidate.block_id, self.run.catalog.root, self.run.dtype_name,
+                                self.run.target)
+
+    def measure(self, block: Block, candidate: Candidate, shapes: list[Shape], compiled: Future | None,
+                deterministic: bool) -> dict[str, StoredResult]:
+        """Results of ``candidate`` on ``shapes``: stored ones, else compile/verify/time and store."""
+        self.run.store.add_candidate(candidate, self.run.job.name)
+        results = self.stored(candidate, shapes)
+        missing = [s for s in shapes if s.name not in results]
+        if not missing:
+            return results
+        evaluations: list[Evaluation]
+        # Proposed code passes the static policy check before anything of it runs.
+        failure = self.gate.failure(candidate) or self._compile_failure(candidate, compiled)
+        if failure is not None:
+            status, message = failure
+            evaluations = [Evaluation(s, Verification(status, message=message), block.counts(s, self.run.dtype))
+                           for s in missing]
+        else:
+            evaluations = self.run.executor.evaluate(block, candidate.source, missing, self.run.dtype,
+                                                     deterministic=deterministic)
+        for ev in evaluations:
+            row = self.row(candidate, ev)
+            self.run.store.add_result(row)
+            results[ev.shape.name] = row
+        return results
+
+    def store_rejected(self, block: Block, candidate: Candidate, shapes: list[Shape], message: str) -> None:
+        """Store ``candidate``, with its source, as rejected on every shape: nothing of it ran."""
+        self.run.store.add_candidate(candidate, self.run.job.name)
+        for shape in shapes:
+            if self.run.store.find_result(candidate.id, shape.name, self.run.dtype_name, self.run.env_key) is None:
+                verdict = Verification(Status.REJECTED, message=message)
+                ev = Evaluation(shape, verdict, block.counts(shape, self.run.dtype))
+                self.run.store.add_result(self.row(candidate, ev))
+
+    def measure_baselines(self) -> dict[str, dict[str, StoredResult]]:
+        """Measure (or find) every block's human baseline on its shapes; a failing baseline is the
+        user's to fix before any search."""
+        run = self.run
+        measured = {}
+        for spec in run.job.blocks:
+            block = run.catalog.block(spec.id)
+            shapes = block.shapes(spec.shapes)
+            candidate = run.baselines[block.id]
+            template = run.catalog.baseline(block.id)
+            results = self.measure(block, candidate, shapes, self.submit_compile(candidate), template.deterministic)
+            failed = [r for r in results.values() if not r.ok]
+            if failed:
+                raise UserError(
+                    f"the human baseline of {block.id} failed on {failed[0].shape} ({failed[0].status.value}: "
+                    f"{failed[0].message}); a search needs a working baseline: fix it first "
+                    f"(`kernelforge check {block.id}`)"
+                )
+            measured[block.id] = results
+            run.progress.event("baseline", block=block.id, candidate=candidate.id,
+                               times={k: r.median_s for k, r in results.items()})
+        return measured
+
+    def _compile_failure(self, candidate: Candidate, compiled: Future | None) -> tuple[Status, str] | None:
+        if compiled is None:
+            return None
+        try:
+            report = compiled.result()
+        except Exception:
+            # A crashed pool worker fails every pending future, not only the culprit's: compile
+            # this candidate again alone, in its own process, so the verdict is its own.
+            from kernelforge.compile.pool import compile_candidate
+
+            report = compile_candidate(candidate.source, candidate.block_id, self.run.catalog.root,
+                                       self.run.dtype_name, self.run.target)
+        self.run.store.add_compile(candidate.id, report.target, self.run.dtype_name, str(report.status),
+                                   report.message, [asdict(k) for k in report.kernels])
+        if report.status == "ok":
+            return None
+        return Status(report.status), f"{report.target}: {report.message}"
+
+    def row(self, candidate: Candidate, ev: Evaluation) -> StoredResult:
+        """The stored form of one evaluation."""
+        t, v = ev.timing, ev.verification
+        run = self.run
+        return StoredResult(
+            candidate_id=candidate.id, block=candidate.block_id, shape=ev.shape.name, dtype=run.dtype_name,
+            device=run.device_name, env_key=run.env_key, status=v.status,
+            rel_error=v.rel_error, median_s=t.median_s if t else None, p20_s=t.p20_s if t else None,
+            p80_s=t.p80_s if t else None, samples=t.samples if t else None, timing_method=t.method if t else None,
+            timing_label=t.label if t else None, joules=t.joules_per_call if t else None,
+            flops=ev.counts.flops, bytes=ev.counts.bytes, message=v.message, env=dict(run.env), job=run.job.name,
+            created=time.time(), excess=v.excess,
+        )

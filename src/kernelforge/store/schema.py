@@ -1,0 +1,238 @@
+"""The results database's tables and schema version, and the check that opens a database only when
+it is kernelforge's (or empty): a foreign, damaged or newer database is refused and left untouched.
+
+Optuna's studies live in the same database through Optuna's own tables; those are recognised and
+left alone.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
+
+from kernelforge.errors import UserError
+
+SCHEMA_VERSION = 1
+APPLICATION = "kernelforge"
+
+metadata = sa.MetaData()
+
+meta_table = sa.Table(
+    "kf_meta", metadata,
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("value", sa.Text, nullable=False),
+)
+
+candidates_table = sa.Table(
+    "kf_candidates", metadata,
+    sa.Column("id", sa.String(32), primary_key=True),
+    sa.Column("block", sa.String(200), nullable=False, index=True),
+    sa.Column("template", sa.String(300), nullable=False),
+    sa.Column("params", sa.Text, nullable=False),  # JSON object, in space order
+    sa.Column("origin", sa.String(32), nullable=False),
+    sa.Column("parent", sa.String(32)),
+    sa.Column("source", sa.Text, nullable=False),
+    sa.Column("job", sa.String(200)),
+    sa.Column("created", sa.Float, nullable=False),
+)
+
+compiles_table = sa.Table(
+    "kf_compiles", metadata,
+    sa.Column("candidate_id", sa.String(32), sa.ForeignKey("kf_candidates.id"), primary_key=True),
+    sa.Column("target", sa.String(32), primary_key=True),
+    sa.Column("dtype", sa.String(16), primary_key=True),
+    sa.Column("status", sa.String(32), nullable=False),
+    sa.Column("message", sa.Text, nullable=False, default=""),
+    sa.Column("kernels", sa.Text, nullable=False, default="[]"),  # JSON list of per-kernel resources
+    sa.Column("created", sa.Float, nullable=False),
+)
+
+results_table = sa.Table(
+    "kf_results", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("candidate_id", sa.String(32), sa.ForeignKey("kf_candidates.id"), nullable=False, index=True),
+    sa.Column("block", sa.String(200), nullable=False, index=True),
+    sa.Column("shape", sa.String(200), nullable=False),
+    sa.Column("dtype", sa.String(16), nullable=False),
+    sa.Column("device", sa.String(200), nullable=False),  # e.g. "cuda NVIDIA H200" or "interpret"
+    sa.Column("env_key", sa.String(32), nullable=False),  # hash of device name and versions
+    sa.Column("status", sa.String(32), nullable=False),
+    sa.Column("rel_error", sa.Float),
+    sa.Column("excess", sa.Float),
+    sa.Column("median_s", sa.Float),
+    sa.Column("p20_s", sa.Float),
+    sa.Column("p80_s", sa.Float),
+    sa.Column("samples", sa.Integer),
+    sa.Column("timing_method", sa.String(32)),
+    sa.Column("timing_label", sa.Text),
+    sa.Column("joules", sa.Float),
+    sa.Column("flops", sa.Float),
+    sa.Column("bytes", sa.Float),
+    sa.Column("message", sa.Text, nullable=False, default=""),
+    sa.Column("env", sa.Text, nullable=False),  # JSON: device, versions, clocks
+    sa.Column("job", sa.String(200)),
+    sa.Column("created", sa.Float, nullable=False),
+    sa.UniqueConstraint("candidate_id", "shape", "dtype", "env_key", name="uq_result"),
+)
+
+
+confirmations_table = sa.Table(
+    "kf_confirmations", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("job", sa.String(200), nullable=False, index=True),
+    sa.Column("block", sa.String(200), nullable=False),
+    sa.Column("shape", sa.String(200), nullable=False),
+    sa.Column("dtype", sa.String(16), nullable=False),
+    sa.Column("candidate_id", sa.String(32), sa.ForeignKey("kf_candidates.id"), nullable=False),
+    sa.Column("baseline_id", sa.String(32), sa.ForeignKey("kf_candidates.id"), nullable=False),
+    sa.Column("env_key", sa.String(32), nullable=False),
+    sa.Column("speedups", sa.Text, nullable=False),  # JSON list: baseline/candidate per interleaved pair
+    sa.Column("median", sa.Float, nullable=False),
+    sa.Column("p20", sa.Float, nullable=False),
+    sa.Column("p80", sa.Float, nullable=False),
+    sa.Column("created", sa.Float, nullable=False),
+)
+
+
+# Templates written by the LLM generator: a resumed or replayed search rebuilds them from here (the
+# candidates alone would not do: Optuna tunes the template, not one rendering of it).
+templates_table = sa.Table(
+    "kf_templates", metadata,
+    sa.Column("id", sa.String(300), primary_key=True),  # <block>/llm_<hash of text>
+    sa.Column("block", sa.String(200), nullable=False, index=True),
+    sa.Column("text", sa.Text, nullable=False),
+    sa.Column("origin", sa.String(32), nullable=False),
+    sa.Column("parent", sa.String(32)),  # the candidate the model was asked to improve on
+    sa.Column("call_seq", sa.Integer),  # kf_llm_calls.seq of the response that wrote it
+    sa.Column("job", sa.String(200)),
+    sa.Column("created", sa.Float, nullable=False),
+)
+
+# Every HTTP attempt of the LLM generator: the request (messages and parameters, never the API
+# key), the response, token counts and latency. Attempts of one request share ``seq`` (the order in
+# which the search took in responses); the last attempt of a request carries ``kind``: what became
+# of it (ok / wrong / compile_error ... after evaluation, or no_code, truncated, policy,
+# request_timeout ...). ``tick`` is the search's evaluation count when the response was taken in,
+# so a replay hands it over at the same moment.
+llm_calls_table = sa.Table(
+    "kf_llm_calls", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("job", sa.String(200), nullable=False, index=True),
+    sa.Column("run", sa.Integer, nullable=False),
+    sa.Column("seq", sa.Integer, nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("final", sa.Boolean, nullable=False),
+    sa.Column("block", sa.String(200), nullable=False),
+    sa.Column("purpose", sa.String(32), nullable=False),  # new | repair
+    sa.Column("parent", sa.String(32)),
+    sa.Column("depth", sa.Integer, nullable=False, default=0),
+    sa.Column("model", sa.String(200), nullable=False),
+    sa.Column("base_url", sa.Text, nullable=False),
+    sa.Column("request", sa.Text, nullable=False),  # JSON: messages and sampling parameters
+    sa.Column("request_hash", sa.String(32), nullable=False, index=True),
+    sa.Column("response", sa.Text),
+    sa.Column("finish_reason", sa.String(32)),
+    sa.Column("status", sa.String(32), nullable=False),  # of this attempt: ok, rate_limited, ...
+    sa.Column("http_status", sa.Integer),
+    sa.Column("error", sa.Text),
+    sa.Column("prompt_tokens", sa.Integer),
+    sa.Column("completion_tokens", sa.Integer),
+    sa.Column("latency_s", sa.Float),
+    sa.Column("tick", sa.Integer, nullable=False, default=0),
+    sa.Column("kind", sa.String(32)),
+    sa.Column("message", sa.Text),  # what was wrong with the response, for the record
+    sa.Column("template_id", sa.String(300)),
+    sa.Column("candidate_id", sa.String(32)),
+    sa.Column("replayed_from", sa.Text),
+    sa.Column("created", sa.Float, nullable=False),
+)
+
+#: Tables added after schema version 1 without changing it: created on open when missing.
+ADDED_TABLES = (templates_table, llm_calls_table)
+
+
+# One row per job while a search runs it: who holds it (host, pid and the process's start time, so
+# a reused pid is not mistaken for the holder) and when it last said it was alive. A second search of
+# the same job refuses while the holder lives, and takes over (compare-and-swap on ``holder``) when
+# it is dead: a SIGKILLed search leaves its row behind, and that must not block the rerun.
+locks_table = sa.Table(
+    "kf_locks", metadata,
+    sa.Column("job", sa.String(200), primary_key=True),
+    sa.Column("holder", sa.String(300), nullable=False),  # host:pid:process start time
+    sa.Column("host", sa.String(200), nullable=False),
+    sa.Column("pid", sa.Integer, nullable=False),
+    sa.Column("started", sa.Float, nullable=False),
+    sa.Column("heartbeat", sa.Float, nullable=False),
+)
+
+#: Optuna's own tables: allowed beside ours in a database without kf_meta (a half-created store).
+OPTUNA_TABLES = frozenset({
+    "studies", "version_info", "study_directions", "study_user_attributes", "study_system_attributes",
+    "trials", "trial_user_attributes", "trial_system_attributes", "trial_params", "trial_values",
+    "trial_intermediate_values", "trial_heartbeats", "alembic_version",
+})
+
+
+def open_schema(engine: Engine, url: str, create: bool) -> bool:
+    """Check that the database at ``engine`` is kernelforge's (or empty) and create what is missing.
+
+    Raises UserError, touching nothing, for a file that is not a readable database, a database with
+    foreign tables, another application's kf_meta, or a schema newer than :data:`SCHEMA_VERSION`;
+    and, when not ``create``, for a database without kernelforge results. Returns True once the
+    database is known to be ours (the caller may then switch SQLite to WAL mode: before that, a
+    foreign or damaged file must be left byte-for-byte untouched).
+    """
+    try:
+        tables = set(sa.inspect(engine).get_table_names())
+    except (DatabaseError, OperationalError) as exc:
+        raise UserError(f"storage {url}: not a readable database ({exc.orig}); it was left untouched") from None
+    ours = {t.name for t in metadata.sorted_tables}
+    if tables and "kf_meta" not in tables:
+        foreign = sorted(t for t in tables if not (t in ours or t in OPTUNA_TABLES))
+        if foreign:
+            raise UserError(
+                f"storage {url} holds tables that are not kernelforge's ({', '.join(foreign[:5])}); "
+                "refusing to write into a foreign database; choose another --storage"
+            )
+    if "kf_meta" in tables:
+        with engine.connect() as conn:
+            rows = dict(conn.execute(sa.select(meta_table.c.key, meta_table.c.value)).all())
+        if rows.get("application") != APPLICATION:
+            raise UserError(f"storage {url} is not a kernelforge database; refusing to modify it")
+        version = int(rows.get("schema_version", "0"))
+        if version > SCHEMA_VERSION:
+            raise UserError(
+                f"storage {url} has schema version {version}, newer than this kernelforge "
+                f"({SCHEMA_VERSION}); upgrade kernelforge to read it"
+            )
+        return True
+    if not create:
+        raise UserError(f"storage {url} has no kernelforge results")
+    return False
+
+
+def create_schema(engine: Engine, url: str) -> None:
+    """Create every table and stamp kf_meta (a concurrent creator wins harmlessly)."""
+    try:
+        metadata.create_all(engine)
+        with engine.begin() as conn:
+            conn.execute(meta_table.insert(), [
+                {"key": "application", "value": APPLICATION},
+                {"key": "schema_version", "value": str(SCHEMA_VERSION)},
+            ])
+    except IntegrityError:
+        pass  # another worker created it at the same moment
+    except OperationalError as exc:
+        raise UserError(f"storage {url}: cannot create tables ({exc.orig}); is the folder writable?") from None
+
+
+def add_missing_tables(engine: Engine) -> None:
+    """Create the tables added since schema version 1 (:data:`ADDED_TABLES`) where missing."""
+    tables = set(sa.inspect(engine).get_table_names())
+    missing = [t for t in ADDED_TABLES if t.name not in tables]
+    if missing:
+        try:
+            metadata.create_all(engine, tables=missing)
+        except (IntegrityError, OperationalError):
+            pass  # created concurrently by another worker, or a read-only file: readers cope

@@ -1,0 +1,126 @@
+"""The strategy contract: propose points of a :class:`~kernelforge.space.Space` from the history
+of results, never touching a device.
+
+The search asks a strategy for a point, evaluates the candidate there, and tells it the objective
+(lower is better: seconds, or 1/speedup); ``None`` means the candidate failed (compile error,
+wrong result, timeout...). Several asks may be outstanding at once (ask, ask, tell, tell), so a
+search can keep a pool of compile workers busy.
+
+Contract of every :class:`Strategy` (tests/strategies/test_strategy.py runs it on each one):
+
+- :meth:`Strategy.ask` returns only points that satisfy the space's constraints, never the same
+  point twice (also not a point told as history), the baseline point first when one is given,
+  and ``None`` once it has nothing left to propose;
+- :meth:`Strategy.tell` takes the objective of an asked point (``None``, NaN or infinity: it
+  failed); a point told that was not asked is history (never asked, not counted); a point told
+  twice keeps its first value; a point outside the space raises ValueError;
+- ``known`` holds every point that must not be asked again (key -> told value), ``pending`` the
+  keys asked and not yet told; ``evaluations`` counts told asks, ``free_tells`` proposals the
+  strategy settled itself without returning them (they cost no device time).
+
+Implementations: :mod:`kernelforge.strategies.simple` (grid, random) and
+:mod:`kernelforge.strategies.optuna` (Optuna's samplers); :mod:`kernelforge.strategies.names` is
+the one table of their names.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from typing import Any, Mapping
+
+from kernelforge.errors import UserError
+from kernelforge.space import Space
+
+#: The identity of a point: its values in the space's parameter order.
+Key = tuple[Any, ...]
+
+
+class Strategy(ABC):
+    """Proposes points of a Space from the history of results; never touches a device.
+
+    ``evaluations`` counts points returned by :meth:`ask` and then told; ``free_tells`` counts
+    points a strategy settled internally without returning them (duplicates of known points,
+    constraint violations): those cost no device time.
+    """
+
+    name: str = "strategy"
+
+    def __init__(self, space: Space, *, seed: int = 0, baseline: Mapping | None = None):
+        self.space = space
+        self.seed = seed
+        self.baseline: dict[str, Any] | None = None
+        if baseline is not None:
+            problems = space.problems(baseline)
+            if problems:
+                raise UserError(f"baseline point {dict(baseline)} is not in the space: {'; '.join(problems)}")
+            self.baseline = {name: baseline[name] for name in space.names}
+        self.evaluations = 0
+        self.free_tells = 0
+        #: point key -> told value (None: failed); every point that must not be asked again.
+        self.known: dict[Key, float | None] = {}
+        #: keys asked and not yet told.
+        self.pending: set[Key] = set()
+        self._baseline_asked = self.baseline is None
+
+    def key(self, point: Mapping[str, Any]) -> Key:
+        """The identity of a point: its values in parameter order."""
+        return tuple(point[name] for name in self.space.names)
+
+    def point(self, key: Key) -> dict[str, Any]:
+        """The point whose identity is ``key``."""
+        return dict(zip(self.space.names, key))
+
+    @abstractmethod
+    def ask(self) -> dict | None:
+        """The next point to evaluate, or None when the strategy has nothing left.
+
+        Never a point that violates the space's constraints, never a point already asked
+        (duplicates and invalid points are handled internally without returning them).
+        """
+
+    @abstractmethod
+    def tell(self, point: Mapping, value: float | None) -> None:
+        """The objective of an asked point (lower is better, e.g. seconds or 1/speedup).
+
+        None means it failed (compile error, wrong, timeout...); a NaN or infinite value counts
+        as a failure too. Telling a point that was not asked records it as history: it will not
+        be asked (and it does not count as an evaluation); a point told twice keeps its first
+        value. A point outside the space raises ValueError.
+        """
+
+    # Helpers shared by the implementations -------------------------------------------------
+
+    def _ask_baseline_once(self) -> dict | None:
+        """The baseline point on the first call (unless it is already known), else None."""
+        if not self._baseline_asked:
+            self._baseline_asked = True
+            key = self.key(self.baseline)
+            if key not in self.known:
+                self.pending.add(key)
+                return dict(self.baseline)
+        return None
+
+    def _record(self, point: Mapping, value: float | None) -> tuple[Key, float | None, bool] | None:
+        """Common bookkeeping of :meth:`tell`; None when the point was already told (ignored)."""
+        problems = self.space.problems(point)
+        if problems:
+            raise ValueError(f"told point {dict(point)} is not in the space: {'; '.join(problems)}")
+        key = self.key(point)
+        value = clean_value(value)
+        asked = key in self.pending
+        if not asked and key in self.known:
+            return None  # told twice: the first value stands
+        self.pending.discard(key)
+        self.known[key] = value
+        if asked:
+            self.evaluations += 1
+        return key, value, asked
+
+
+def clean_value(value: float | None) -> float | None:
+    """A told objective as a float, or None when it failed (None, NaN or infinite)."""
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None

@@ -1,0 +1,153 @@
+"""``kernelforge export``: vLLM fused_moe configs, a Triton module with triton.Config lists, and the
+winning sources, from a real MoE search in the interpreter and from a stored H200 search."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kernelforge.catalog import Catalog
+from kernelforge.cli.main import main
+from kernelforge.report.export import VLLM_KEYS, vllm_file_name
+from kernelforge.job import load_job
+from kernelforge.search.progress import Progress
+from kernelforge.report.collect import collect
+from kernelforge.search.loop import Search
+from kernelforge.store.store import Store
+
+ROOT = Path(__file__).resolve().parents[2]
+KERNELS = ROOT / "kernels"
+PRESET_TOKENS = (1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+_spec = importlib.util.spec_from_file_location("kf_synthetic_store", ROOT / "tests" / "fixtures" / "kf_synthetic_store.py")
+synthetic = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(synthetic)
+
+# The smallest real MoE search: one smoke shape (T 8, E 4, I 128), tuned per shape like vLLM, one
+# evaluation beyond the baseline. (The whole smoke set takes about 50 s in the interpreter here.)
+MOE_JOB = """
+[job]
+name = "moeexport"
+device = "interpret"
+dtype = "bfloat16"
+tune = "per-shape"
+seed = 2
+storage = "sqlite:///{db}"
+
+[strategy]
+name = "tpe"
+evaluations = 1
+
+[[blocks]]
+id = "moe/gpt_oss_experts"
+shapes = "smoke/T8-E4"
+"""
+
+
+def export(job_file: Path, fmt: str, out: Path):
+    result = CliRunner().invoke(main, ["--kernels", str(KERNELS), "export", str(job_file), "--format", fmt,
+                                       "--out", str(out)], catch_exceptions=False)
+    return result
+
+
+@pytest.fixture(scope="module")
+def h200(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("h200export")
+    catalog = Catalog.discover(KERNELS)
+    path, expected = synthetic.build(folder, catalog)
+    return {"path": path, "expected": expected, "catalog": catalog, "folder": folder}
+
+
+@pytest.mark.interpreter
+def test_vllm_export_of_a_real_moe_search(tmp_path):
+    path = tmp_path / "moe.toml"
+    path.write_text(MOE_JOB.format(db=tmp_path / "moe.db"))
+    catalog = Catalog.discover(KERNELS)
+    job = load_job(path, catalog)
+    store = Store(job.storage_url)
+    Search(job, catalog, store, Progress(), compile_enabled=False).run()
+    data = collect(job, catalog, store)
+    [row] = data.blocks[0].shapes
+    env = data.environments[data.blocks[0].env_key]
+    result = export(path, "vllm", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    name = vllm_file_name(4, 128, env["device_name"].replace(" ", "_"), "bfloat16")
+    assert name.startswith("E=4,N=128,device_name=") and " " not in name
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted([name, "kernelforge-export-vllm.json"])
+    config = json.loads((tmp_path / "out" / name).read_text())
+    assert list(config) == ["8"]  # token count T as a string
+    assert list(config["8"]) == list(VLLM_KEYS)
+    assert all(type(v) is int for v in config["8"].values())
+    # The exported values are the report's winner for T 8 (the baseline's point if nothing beat it).
+    assert config["8"] == {k: row.params[k] for k in VLLM_KEYS}
+    meta = json.loads((tmp_path / "out" / "kernelforge-export-vllm.json").read_text())
+    [entry] = meta["entries"]
+    assert entry["candidate"] == row.winner and entry["token_count"] == "8"
+    assert "Interpreter timings" in result.output  # the caveat is printed, not hidden
+
+
+def test_vllm_export_of_a_stored_h200_search(h200, tmp_path):
+    result = export(h200["path"], "vllm", tmp_path)
+    assert result.exit_code == 0, result.output
+    path = tmp_path / "E=128,N=2880,device_name=NVIDIA_H200.json"
+    config = json.loads(path.read_text())
+    assert list(config) == [str(t) for t in PRESET_TOKENS]
+    for t in PRESET_TOKENS:
+        want = h200["expected"][("moe/gpt_oss_experts", f"gpt-oss-120b/T{t}")]["params"]
+        assert config[str(t)] == {k: want[k] for k in VLLM_KEYS}
+    assert config["1"]["BLOCK_SIZE_M"] == 16 and config["4096"]["BLOCK_SIZE_M"] == 128  # per-T winners differ
+    # vLLM's lookup: int keys, the closest token count to M.
+    table = {int(k): v for k, v in config.items()}
+    assert table[min(table, key=lambda m: abs(m - 5))] == config["8"]
+    # Only MoE blocks go into fused_moe configs; the attention blocks are not exported there.
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([path.name, "kernelforge-export-vllm.json"])
+
+
+def test_triton_export_is_an_importable_module_with_configs(h200, tmp_path):
+    import triton
+
+    result = export(h200["path"], "triton", tmp_path)
+    assert result.exit_code == 0, result.output
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["attention_gpt_oss_decode.py", "attention_gpt_oss_prefill.py", "kernelforge-export-triton.json",
+                     "moe_gpt_oss_experts.py"]
+    spec = importlib.util.spec_from_file_location("kf_export_moe", tmp_path / "moe_gpt_oss_experts.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["kf_export_moe"] = module  # triton.jit resolves globals through the module
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.modules.pop("kf_export_moe", None)
+    assert callable(module.run)  # the winning kernels' entry point
+    assert all(isinstance(c, triton.Config) for c in module.CONFIGS) and len(module.CONFIGS) == 2
+    for t in PRESET_TOKENS:
+        want = h200["expected"][("moe/gpt_oss_experts", f"gpt-oss-120b/T{t}")]["params"]
+        config = module.CONFIGS[module.SHAPE_CONFIGS[f"gpt-oss-120b/T{t}"]]
+        assert config.num_warps == want["num_warps"] and config.num_stages == want["num_stages"]
+        assert config.kwargs == {k: v for k, v in want.items() if k not in ("num_warps", "num_stages")}
+
+
+def test_source_export_writes_the_stored_winning_sources(h200, tmp_path):
+    result = export(h200["path"], "source", tmp_path)
+    assert result.exit_code == 0, result.output
+    store = Store(f"sqlite:///{h200['folder'] / 'h200.db'}", create=False)
+    winners = {(b, e["winner"]) for (b, _), e in h200["expected"].items()}
+    for block, cid in winners:
+        path = tmp_path / f"{block.replace('/', '_')}__{cid}.py"
+        assert path.read_text() == store.candidate(cid).source
+    assert len([p for p in tmp_path.iterdir() if p.suffix == ".py"]) == len(winners) == 4
+
+
+def test_vllm_export_of_a_job_without_moe_is_a_clear_error(h200, tmp_path):
+    text = h200["path"].read_text()
+    attention_only = tmp_path / "attn.toml"
+    attention_only.write_text(text[: text.index('[[blocks]]\nid = "moe/gpt_oss_experts"')])
+    result = export(attention_only, "vllm", tmp_path / "out")
+    assert result.exit_code == 2
+    assert "has no MoE block" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "out").exists()

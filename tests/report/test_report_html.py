@@ -1,0 +1,354 @@
+"""Reports rendered from stored databases: REPORT.md, results.json and the self-contained index.html,
+opened in headless Chromium (a screenshot and the rendered DOM), plus the compare page.
+
+Two stored databases: a real search on the toy block in the interpreter (with a real LLM-origin
+candidate measured after it), and GPT-OSS rows "measured on an H200" written through Store
+(tests/fixtures/kf_synthetic_store.py) for the roofline, the projection and the compare page.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kernelforge.block import DTYPES
+from kernelforge.candidate import Candidate
+from kernelforge.catalog import Catalog
+from kernelforge.cli.main import main
+from kernelforge.devices.registry import get_device
+from kernelforge.execute.evaluate import evaluate
+from kernelforge.devices.hardware import ceilings_for
+from kernelforge.job import load_job
+from kernelforge.search.progress import Progress
+from kernelforge.report.markdown import to_markdown
+from kernelforge.report.records import BlockReport, Report
+from kernelforge.report.write import write_report
+from kernelforge.search.loop import Search
+from kernelforge.result import StoredResult, env_key
+from kernelforge.store.store import Store
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures" / "kernels"
+KERNELS = ROOT / "kernels"
+
+_spec = importlib.util.spec_from_file_location("kf_synthetic_store", ROOT / "tests" / "fixtures" / "kf_synthetic_store.py")
+synthetic = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(synthetic)
+
+TOY_JOB = """
+[job]
+name = "toyreport"
+device = "interpret"
+target = "sm_90"
+dtype = "float16"
+tune = "all-shapes"
+seed = 1
+storage = "sqlite:///{db}"
+
+[strategy]
+name = "tpe"
+evaluations = 4
+
+[[blocks]]
+id = "toy/axpy"
+shapes = "check"
+"""
+
+SECTIONS = ("Summary", "Speedup over the human baseline", "Candidates by origin and status", "Search progress",
+            "Candidates", "Winning source against the baseline", "Roofline", "Compile resources",
+            "Model-level projection (TTFT / TBT)", "Device and versions")
+
+
+# -- fixtures -------------------------------------------------------------------------------------
+
+def _add_llm_candidate(job, catalog, store, parent: str) -> Candidate:
+    """An LLM-written rewrite of the toy kernel (operands swapped: same math), measured for real in
+    the interpreter and stored with its origin and parent, as the LLM generator stores them."""
+    template = catalog.baseline("toy/axpy")
+    base = Candidate.from_template(template)
+    source = base.source.replace("(alpha * x + y)", "(y + alpha * x)")
+    assert source != base.source
+    llm = Candidate("toy/axpy", "toy/axpy/llm_swap", base.params, source, origin="llm", parent=parent)
+    store.add_candidate(llm, job.name)
+    device = get_device("interpret")
+    device.prepare()
+    env = device.describe()
+    block = catalog.block("toy/axpy")
+    for ev in evaluate(block, source, block.shapes("check"), DTYPES[job.dtype], device):
+        t = ev.timing
+        store.add_result(StoredResult(
+            candidate_id=llm.id, block="toy/axpy", shape=ev.shape.name, dtype=job.dtype, device=env["device_name"],
+            env_key=env_key(env), status=ev.verification.status, rel_error=ev.verification.rel_error,
+            median_s=t.median_s if t else None, p20_s=t.p20_s if t else None, p80_s=t.p80_s if t else None,
+            samples=t.samples if t else None, timing_method=t.method if t else None, timing_label=t.label if t else None,
+            joules=None, flops=ev.counts.flops, bytes=ev.counts.bytes, message=ev.verification.message, env=env,
+            job=job.name, created=time.time()))
+    return llm
+
+
+@pytest.fixture
+def toy(tmp_path_factory):
+    """A real tpe search on the toy block (interpreter, compiled ahead of time for sm_90), one LLM
+    candidate after it, and the report written from the database."""
+    folder = tmp_path_factory.mktemp("toyreport")
+    path = folder / "toyreport.toml"
+    path.write_text(TOY_JOB.format(db=folder / "toy.db"))
+    catalog = Catalog.discover(FIXTURES)
+    job = load_job(path, catalog)
+    store = Store(job.storage_url)
+    Search(job, catalog, store, Progress(), compile_enabled=True).run()
+    baseline_id = Candidate.from_template(catalog.baseline("toy/axpy")).id
+    llm = _add_llm_candidate(job, catalog, store, parent=baseline_id)
+    report = write_report(job, catalog, store, folder / "report")
+    return {"folder": folder / "report", "md": report.read_text(), "job": job, "catalog": catalog, "store": store,
+            "data": json.loads((folder / "report" / "results.json").read_text()), "llm": llm,
+            "baseline": baseline_id, "path": path}
+
+
+@pytest.fixture(scope="module")
+def h200(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("h200report")
+    catalog = Catalog.discover(KERNELS)
+    path, expected = synthetic.build(folder, catalog)
+    job = load_job(path, catalog)
+    store = Store(job.storage_url, create=False)
+    report = write_report(job, catalog, store, folder / "report")
+    return {"folder": folder / "report", "md": report.read_text(), "expected": expected, "catalog": catalog,
+            "data": json.loads((folder / "report" / "results.json").read_text()), "store": store, "path": path,
+            "root": folder}
+
+
+# -- headless Chromium ------------------------------------------------------------------------------
+
+def _chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not found:
+        pytest.skip("chromium is not installed; scripts/ensure_chromium.sh installs it (make test runs it)")
+    return found
+
+
+def _browse(page: Path, tmp: Path, *args: str) -> subprocess.CompletedProcess:
+    cmd = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           f"--user-data-dir={tmp / 'chromium-profile'}", *args, page.resolve().as_uri()]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "LANG": "C.UTF-8"})
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+def render_in_browser(page: Path, tmp: Path) -> str:
+    """Screenshot the page (must be a real, non-blank PNG) and return the DOM as Chromium built it."""
+    shot = tmp / (page.stem + ".png")
+    done = _browse(page, tmp, f"--screenshot={shot}", "--window-size=1400,2000")
+    assert shot.exists(), done.stderr[-2000:]
+    assert _png_size(shot) == (1400, 2000)
+    # A blank 1400x2000 page compresses to about 13 KB; a page of tables and charts is far larger.
+    assert shot.stat().st_size > 60_000, f"screenshot {shot} is nearly blank ({shot.stat().st_size} bytes)"
+    dom = _browse(page, tmp, "--dump-dom")
+    assert dom.returncode == 0 and "</html>" in dom.stdout, dom.stderr[-2000:]
+    return dom.stdout
+
+
+def _text(dom: str) -> str:
+    """The DOM's text with tags removed (headings and banners as a reader sees them)."""
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", dom)).replace("&amp;", "&")
+
+
+# -- the toy search's report -----------------------------------------------------------------------
+
+def check_candidates_with_origin_and_parent(toy):
+    md, store = toy["md"], toy["store"]
+    stored = store.candidates("toy/axpy")
+    evaluated = {r.candidate_id for r in store.results(block="toy/axpy")}
+    assert "### Candidates of toy/axpy" in md
+    rows = [line for line in md.splitlines() if re.match(r"\| \d+ \| `[0-9a-f]{16}` \|", line)]
+    assert len(rows) == len(evaluated) == 1 + 4 + 1  # baseline, the budget, the LLM candidate
+    for c in stored:
+        if c.id in evaluated:
+            row = next(line for line in rows if f"`{c.id}`" in line)
+            assert f"| {c.origin} |" in row
+    llm_row = next(line for line in rows if f"`{toy['llm'].id}`" in line)
+    assert f"| llm | `{toy['baseline']}` |" in llm_row  # its origin, then its parent
+    assert "not GPU measurements" in md
+
+
+def check_winner_diff_and_compile_resources(toy):
+    data, store, md = toy["data"], toy["store"], toy["md"]
+    [block] = data["blocks"]
+    base_source = store.candidate(toy["baseline"]).source
+    winners = block["winners"]
+    if not winners:  # interpreter timings are noise: no candidate may beat the baseline
+        assert "No candidate beat the baseline" in md
+    for w in winners:
+        source = store.candidate(w["id"]).source
+        added = [line[1:] for line in w["diff"].splitlines() if line.startswith("+") and not line.startswith("+++")]
+        removed = [line[1:] for line in w["diff"].splitlines() if line.startswith("-") and not line.startswith("---")]
+        assert added and removed
+        assert set(added) <= set(source.splitlines()) and set(removed) <= set(base_source.splitlines())
+        assert f"### Winner `{w['id']}` against the baseline source" in md and "```diff" in md
+    compiled = {c["candidate_id"]: c for c in block["compiles"]}
+    assert toy["baseline"] in compiled and compiled[toy["baseline"]]["status"] == "ok"
+    kernel = compiled[toy["baseline"]]["kernels"][0]
+    stored = store.compile(toy["baseline"], "sm_90", "float16").kernels[0]
+    assert kernel["registers"] == stored["registers"] and kernel["shared_bytes"] == stored["shared_bytes"]
+    assert f"| baseline | `{toy['baseline']}` | sm_90 | ok | {kernel['name']} | {kernel['registers']} |" in md
+
+
+def check_progress_and_interpreter_rates(toy):
+    [block] = toy["data"]["blocks"]
+    points = block["progress"]["points"]
+    first = {}
+    for r in toy["store"].results(block="toy/axpy"):
+        first[r.candidate_id] = min(first.get(r.candidate_id, r.created), r.created)
+    assert [p["candidate"] for p in points] == sorted(first, key=first.get)
+    assert points[0]["origin"] == "baseline" and points[0]["speedup"] == pytest.approx(1.0)
+    assert points[-1]["candidate"] == toy["llm"].id and points[-1]["origin"] == "llm"
+    best = [b for _, b in block["progress"]["best"]]
+    assert best == sorted(best)  # best so far never decreases
+    ok = [p["speedup"] for p in points if p["speedup"] is not None and p["origin"] != "llm"]
+    assert best[-2] == pytest.approx(max(ok))
+    # Interpreter timings are placed against no ceiling: rates only, no percent, no bound.
+    for row in block["shapes"]:
+        assert row["roofline"]["baseline"]["percent"] is None and row["roofline"]["baseline"]["bound"] is None
+    assert block["roofline"]["ceilings"] is None and "no GPU ceiling" in block["roofline"]["note"]
+
+
+def check_html_self_contained_and_renders(toy, tmp_path):
+    page = toy["folder"] / "index.html"
+    html = page.read_text()
+    # No network: no scripts, stylesheets, images or fonts fetched; the only URL is the SVG namespace.
+    assert "<script" not in html and "<link" not in html and "src=" not in html and "@import" not in html
+    assert set(re.findall(r"https?://[^\s\"')]+", html)) <= {"http://www.w3.org/2000/svg"}
+    dom = render_in_browser(page, tmp_path)
+    text = _text(dom)
+    for heading in SECTIONS:
+        assert heading in text, heading
+    assert "Interpreter timings" in text and "measure no GPU" in text
+    assert dom.count("<svg") >= 3  # speedup bars, progress, achieved rates
+    assert toy["llm"].id in text and "llm" in text
+
+
+def test_report_of_a_real_toy_search(toy, tmp_path):
+    """One test for the toy database, so that xdist runs its search once, not once per worker."""
+    check_candidates_with_origin_and_parent(toy)
+    check_winner_diff_and_compile_resources(toy)
+    check_progress_and_interpreter_rates(toy)
+    check_html_self_contained_and_renders(toy, tmp_path)
+
+
+# -- the H200 store: roofline, suspects, projection -----------------------------------------------
+
+def test_roofline_percent_bound_and_suspect(h200):
+    data, expected = h200["data"], h200["expected"]
+    h = ceilings_for("NVIDIA H200")
+    blocks = {b["block"]: b for b in data["blocks"]}
+    for block_id, block in blocks.items():
+        assert block["roofline"]["ceilings"]["name"] == "H200"
+        for row in block["shapes"]:
+            exp = expected[(block_id, row["shape"])]
+            base = row["roofline"]["baseline"]
+            assert base["percent"] == pytest.approx(100 * synthetic.BASE_FRACTION)
+            assert base["bound"] == h.bound(exp["flops"], exp["bytes"], practical=True)
+            assert base["achieved_bandwidth"] == pytest.approx(exp["bytes"] / exp["baseline_s"])
+    bounds = {r["shape"]: r["roofline"]["baseline"]["bound"] for r in blocks["attention/gpt_oss_decode"]["shapes"]}
+    assert set(bounds.values()) == {"memory"}  # decode reads the whole cache: memory-bound
+    assert blocks["attention/gpt_oss_prefill"]["shapes"][0]["roofline"]["baseline"]["bound"] == "compute"
+    suspects = blocks["moe/gpt_oss_experts"]["suspects"]
+    assert [s["shape"] for s in suspects] == [synthetic.SUSPECT_SHAPE]
+    assert all(not b["suspects"] for k, b in blocks.items() if k != "moe/gpt_oss_experts")
+    assert "Faster than physically possible — suspect" in h200["md"]
+    assert "Interpreter timings" not in (h200["folder"] / "index.html").read_text()
+
+
+def test_projection_in_the_report_matches_the_stored_times(h200):
+    e = h200["expected"]
+    profiles = {p["profile"]: p for p in h200["data"]["projection"]["profiles"]}
+    inter = profiles["interactive"]
+    ttft = next(p for p in inter["phases"] if p["kind"] == "TTFT" and p["model"] == "gpt-oss-120b")
+    full, window = e[("attention/gpt_oss_prefill", "gpt-oss/interactive/full")], \
+        e[("attention/gpt_oss_prefill", "gpt-oss/interactive/window")]
+    moe = e[("moe/gpt_oss_experts", "gpt-oss-120b/T4096")]
+    for side in ("baseline", "winner"):
+        want = 18 * full[f"{side}_s"] + 18 * window[f"{side}_s"] + 36 * 2 * moe[f"{side}_s"]
+        assert ttft[f"{side}_s"] == pytest.approx(want)
+        joules = 18 * full[f"{side}_j"] + 18 * window[f"{side}_j"] + 36 * 2 * moe[f"{side}_j"]
+        assert ttft[f"{side}_j_per_token"] == pytest.approx(joules / 8000)
+    tbt = next(p for p in inter["phases"] if p["kind"] == "TBT" and p["model"] == "gpt-oss-120b" and p["batch"] == 8)
+    dfull = e[("attention/gpt_oss_decode", "gpt-oss/interactive/b8/full")]
+    dwin = e[("attention/gpt_oss_decode", "gpt-oss/interactive/b8/window128")]
+    m8 = e[("moe/gpt_oss_experts", "gpt-oss-120b/T8")]
+    want = 18 * dfull["winner_s"] + 18 * dwin["winner_s"] + 36 * m8["winner_s"]
+    assert tbt["winner_s"] == pytest.approx(want) and tbt["complete"]
+    # 20b shares the attention shapes but its MoE presets were not measured: named, no total.
+    t20 = next(p for p in inter["phases"] if p["kind"] == "TTFT" and p["model"] == "gpt-oss-20b")
+    assert not t20["complete"] and t20["baseline_s"] is None
+    missing = {(m["block"], m["shape"]) for m in inter["missing"]}
+    assert ("moe/gpt_oss_experts", "gpt-oss-20b/T4096") in missing
+    why = {(m["shape"]): m["why"] for m in profiles["8k1k"]["missing"]}
+    assert why["gpt-oss/8k1k/full"] == "not a preset of the block"
+    assert why["gpt-oss/8k1k/b8/full"] == "not measured in this job"
+    assert "`gpt-oss/rag/full`" in h200["md"] and "closest stored MoE preset to 8000 prefill tokens: T4096" in h200["md"]
+
+
+def test_h200_page_and_compare_page_render(h200, tmp_path, monkeypatch):
+    dom = render_in_browser(h200["folder"] / "index.html", tmp_path)
+    text = _text(dom)
+    for heading in SECTIONS:
+        assert heading in text, heading
+    assert "H200 datasheet" in text and "H200 measured" in text  # the roofline chart's ceiling lines
+    assert "Faster than physically possible — suspect" in text
+    assert "TTFT total (these blocks)" in text and "TBT total (these blocks)" in text
+    # The same job measured on another GPU, side by side.
+    other_env = {**synthetic.ENV, "device_name": "NVIDIA H100 80GB HBM3", "triton": "3.5.0"}
+    other_dir = h200["root"] / "other"
+    other_dir.mkdir()
+    other_path, other = synthetic.build(other_dir, h200["catalog"], name="h100", env=other_env)
+    monkeypatch.chdir(tmp_path)  # the compare page goes to ./reports/
+    result = CliRunner().invoke(main, ["--kernels", str(KERNELS), "report", str(h200["path"]), "--compare",
+                                       str(other_path)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "NVIDIA H200" in out and "NVIDIA H100 80GB HBM3" in out and "triton 3.5.0" in out
+    key = ("attention/gpt_oss_decode", "gpt-oss/interactive/b8/full")
+    ratio = h200["expected"][key]["winner_s"] / other[key]["winner_s"]
+    row = next(line for line in out.splitlines() if line.startswith("| gpt-oss/interactive/b8/full |"))
+    assert row.rstrip().endswith(f"| {ratio:.3f}x |")
+    page = tmp_path / "reports" / "compare-h200-vs-h100.html"
+    assert page.exists()
+    text = _text(render_in_browser(page, tmp_path))
+    assert "kernelforge comparison: h200 (A) vs h100 (B)" in text and "NVIDIA H100 80GB HBM3" in text
+
+
+def test_markdown_renderer_still_accepts_old_data():
+    """to_markdown works on report data without the new sections (e.g. an older results.json)."""
+    data = Report(job="old", job_file="x.toml", dtype="bfloat16", tune="all-shapes", strategy="tpe",
+                  environments={}, blocks=(BlockReport(block="b", description="", geomean_speedup=None, shapes=(),
+                                                       statuses={}, origins={}, candidates=0),))
+    assert "## b" in to_markdown(data)
+
+
+def test_a_job_with_nothing_stored_still_gets_a_report(tmp_path):
+    path = tmp_path / "empty.toml"
+    db = tmp_path / "e.db"
+    path.write_text(f'[job]\nname = "empty"\nstorage = "sqlite:///{db}"\n'
+                    '[[blocks]]\nid = "moe/gpt_oss_experts"\nshapes = "gpt-oss-120b"\n')
+    catalog = Catalog.discover(KERNELS)
+    job = load_job(path, catalog)
+    md = write_report(job, catalog, Store(job.storage_url), tmp_path / "r").read_text()
+    assert "No timed results." in md and "### Roofline" not in md
+    html = (tmp_path / "r" / "index.html").read_text()
+    assert "No evaluations stored." in html and "Model-level projection" in html

@@ -1,0 +1,189 @@
+"""The search end to end on the toy block: store, resume after SIGKILL and Ctrl-C, replay, report."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernelforge.catalog import Catalog
+from kernelforge.job import load_job
+from kernelforge.search.progress import Progress
+from kernelforge.search.loop import Search
+from kernelforge.store.records import StoreCounts
+from kernelforge.store.store import Store
+
+pytestmark = pytest.mark.interpreter
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures" / "kernels"
+CLI = [sys.executable, "-m", "kernelforge", "--kernels", str(FIXTURES)]
+
+JOB = """
+[job]
+name = "{name}"
+device = "{device}"
+dtype = "float16"
+tune = "{tune}"
+seed = 3
+
+[strategy]
+name = "{strategy}"
+evaluations = {evaluations}
+
+[[blocks]]
+id = "toy/axpy"
+shapes = "check"
+"""
+
+
+class Recorder(Progress):
+    def __init__(self):
+        self.events = []
+
+    def event(self, kind, **data):
+        self.events.append((kind, data))
+
+
+def job_file(tmp_path: Path, name="toy", device="interpret", tune="all-shapes", strategy="tpe", evaluations=5) -> Path:
+    path = tmp_path / f"{name}.toml"
+    path.write_text(JOB.format(name=name, device=device, tune=tune, strategy=strategy, evaluations=evaluations))
+    return path
+
+
+def rows(db: Path, query: str):
+    with sqlite3.connect(db) as conn:
+        return conn.execute(query).fetchall()
+
+
+def run_search(tmp_path, path, compile_enabled=False, device_name=None):
+    catalog = Catalog.discover(FIXTURES)
+    job = load_job(path, catalog)
+    store = Store(f"sqlite:///{tmp_path / (job.name + '.db')}")
+    recorder = Recorder()
+    outcome = Search(job, catalog, store, recorder, compile_enabled=compile_enabled, device_name=device_name).run()
+    return job, store, recorder, outcome
+
+
+def test_search_stores_every_candidate_and_result(tmp_path):
+    job, store, recorder, outcome = run_search(tmp_path, job_file(tmp_path), compile_enabled=True)
+    assert outcome.evaluations == 5
+    kinds = [k for k, _ in recorder.events]
+    assert kinds[0] == "start" and kinds[1] == "baseline" and kinds[-1] == "end"
+    # The baseline point is enqueued first and answered from the store, not re-measured.
+    assert kinds[2] == "duplicate"
+    candidates = store.candidates("toy/axpy")
+    assert len(candidates) == 6 and {c.origin for c in candidates} == {"baseline", "optuna"}
+    assert all(c.source.startswith("{#-") is False and "def run(" in c.source for c in candidates)
+    results = store.results(block="toy/axpy")
+    assert len(results) == 6 * 3 and all(r.ok and r.median_s for r in results)
+    compiles = [store.compile(c.id, "sm_90", "float16") for c in candidates]
+    assert all(c and c.status == "ok" and c.kernels[0]["registers"] for c in compiles)
+
+
+def test_rerun_continues_without_measuring_anything_twice(tmp_path):
+    path = job_file(tmp_path, evaluations=3)
+    run_search(tmp_path, path)
+    path.write_text(path.read_text().replace("evaluations = 3", "evaluations = 5"))
+    _, store, _, outcome = run_search(tmp_path, path)
+    assert outcome.evaluations == 2  # only the extra budget
+    assert store.counts() == StoreCounts(candidates=6, results=18)
+
+
+def test_per_shape_tuning_has_a_budget_per_shape(tmp_path):
+    _, store, recorder, outcome = run_search(tmp_path, job_file(tmp_path, tune="per-shape", evaluations=2))
+    assert outcome.evaluations == 2 * 3
+    assert {d["budgets"]["toy/axpy"] for k, d in recorder.events if k == "start"} == {6}
+
+
+def test_replay_answers_from_a_recording(tmp_path):
+    job, store, _, _ = run_search(tmp_path, job_file(tmp_path, name="rec", strategy="grid", evaluations=9))
+    recording = tmp_path / "rec.db"
+    path = job_file(tmp_path, name="rep", device=f"replay:{recording}", strategy="grid", evaluations=9)
+    _, replayed, _, outcome = run_search(tmp_path, path)
+    assert outcome.evaluations == 8  # the grid's 9 points, less the baseline answered from the store
+    original = {(r.candidate_id, r.shape): r.median_s for r in store.results()}
+    again = {(r.candidate_id, r.shape): r.median_s for r in replayed.results()}
+    assert again == original
+    assert all("replay" in r.env["device"] for r in replayed.results())
+
+
+def _spawn(path: Path, cwd: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([*CLI, "search", str(path), "--progress", "jsonl", "--no-compile", "--no-report"],
+                            cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _wait_for_evaluations(proc: subprocess.Popen, count: int) -> None:
+    seen = 0
+    for line in proc.stdout:
+        if json.loads(line)["event"] == "evaluated":
+            seen += 1
+            if seen >= count:
+                return
+    raise AssertionError(f"search ended before {count} evaluations: {proc.stderr.read()}")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["sigkill", "ctrl-c"])
+def test_killed_search_resumes_to_the_full_budget(tmp_path, sig):
+    path = job_file(tmp_path, name="kill", evaluations=8)
+    proc = _spawn(path, tmp_path)
+    _wait_for_evaluations(proc, 3)
+    proc.send_signal(sig)
+    code = proc.wait(timeout=120)
+    proc.stdout.close()
+    proc.stderr.close()
+    assert code == (-signal.SIGKILL if sig == signal.SIGKILL else 130)
+    db = tmp_path / "reports" / "kill" / "kernelforge.db"
+    stored_before = set(rows(db, "select candidate_id, shape from kf_results"))
+    assert len(stored_before) >= 3 * 3
+    finish = subprocess.run([*CLI, "search", str(path), "--progress", "quiet", "--no-compile"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300)
+    assert finish.returncode == 0, finish.stderr
+    after = rows(db, "select candidate_id, shape from kf_results")
+    assert stored_before <= set(after), "a stored result was lost"
+    assert len(after) == len(set(after)), "a result was stored twice"
+    evaluated = {c for c, _ in after}
+    assert len(evaluated) == 8 + 1  # the budget plus the baseline, each on every shape
+    assert len(after) == 9 * 3
+    assert (tmp_path / "reports" / "kill" / "REPORT.md").exists()
+
+
+def test_confirmation_retimes_the_best_against_the_baseline_and_reports_it(tmp_path):
+    from kernelforge.search.confirm import confirm
+    from kernelforge.report.collect import collect
+    from kernelforge.report.markdown import to_markdown
+
+    job, store, _, _ = run_search(tmp_path, job_file(tmp_path, strategy="grid", evaluations=3))
+    baseline_id = next(c.id for c in store.candidates() if c.origin == "baseline")
+    other = next(c.id for c in store.candidates() if c.origin != "baseline")
+    # Make one candidate look 10x faster in its single measurement: confirmation must re-time it.
+    with sqlite3.connect(tmp_path / "toy.db") as conn:
+        conn.execute("update kf_results set median_s = median_s / 10, p20_s = p20_s / 10, p80_s = p80_s / 10 "
+                     "where candidate_id = ?", (other,))
+    catalog = Catalog.discover(FIXTURES)
+    search = Search(job, catalog, store, Recorder(), compile_enabled=False)
+    run = search.prepare()  # the executor ready, the environment described, the baselines known
+    try:
+        winners = confirm(run, top=1)
+    finally:
+        search.close()
+    rows_ = store.confirmations(job.name)
+    assert {r.shape for r in rows_} == {"n1", "n7", "n63"}
+    assert all(r.candidate_id == other and len(r.speedups) == 2 for r in rows_[-3:])
+    assert all(r.baseline_id == baseline_id for r in rows_)
+    assert len(winners["toy/axpy"]) == 3
+    data = collect(job, catalog, store)
+    [block] = data.blocks
+    assert all(row.confirmed and row.winner == other for row in block.shapes)
+    # The report shows the confirmed (re-timed) speedup, not the doctored 10x single measurement.
+    latest = {r.shape: r.median for r in rows_}  # a re-run's confirmation supersedes earlier ones
+    assert all(row.speedup == latest[row.shape] for row in block.shapes)
+    markdown = to_markdown(data)
+    assert "not GPU measurements" in markdown and "| n63 |" in markdown
