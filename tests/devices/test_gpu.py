@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from kernelforge.execute.contract import allocate
+
 from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
 from kernelforge.devices.cuda import CudaDevice
@@ -75,7 +77,7 @@ def test_aot_registers_match_the_jit(block_id):
     module, _ = load_candidate(source, block_id)
     shape = block.compile_shape()
     inputs = block.make_inputs(shape, torch.bfloat16, "cuda", seed=0)
-    module.run(**inputs, out=block.make_output(shape, torch.bfloat16, "cuda"))
+    module.run(**inputs, **allocate(block, shape, torch.bfloat16, "cuda"))
     torch.cuda.synchronize()
     jit_regs = jit_registers(module)
     aot_regs = {k.name: k.registers for k in report.kernels}
