@@ -102,14 +102,27 @@ def test_every_exploit_class_has_a_candidate():
     assert len(honest) >= 5
 
 
+def test_every_trust_class_has_a_direct_and_an_indirect_route():
+    """Each class of exploit that got through the first version (issue 10) is tried at least two
+    ways, so a fix of one instance does not pass for a fix of the class."""
+    by_class: dict[str, list[str]] = {}
+    for name, spec in EXPECTED.items():
+        if "trust_class" in spec:
+            by_class.setdefault(spec["trust_class"], []).append(name)
+    assert set(by_class) >= {"alias_patching", "dynamic_evaluation", "host_compute", "python_in_jit",
+                             "import_time_code", "poison_detection", "os_access"}
+    assert all(len(names) >= 2 for names in by_class.values()), by_class
+
+
 def test_a_full_value_cache_never_hits_while_timed():
     """The memoising candidate is correct, so only its speed is at stake: one input value changes
     before every timed call, so its cache hits only on the verifier's deliberately repeated call 2
     of the timed shape (the held-out shape gets one call), never in the timing phase."""
     source, _ = candidate("caches_by_value_full")
     block = catalog_for("toy/axpy").block("toy/axpy")
-    [ev] = InProcessExecutor(InterpretDevice(warmup=2, repeats=3)).evaluate(block, source, block.shapes("smoke"),
-                                                                            torch.float16)
+    # The policy refuses it (.tolist): the run-time defense is what this test is about.
+    executor = InProcessExecutor(InterpretDevice(warmup=2, repeats=3), policy=False)
+    [ev] = executor.evaluate(block, source, block.shapes("smoke"), torch.float16)
     assert ev.status is Status.OK
     module = sys.modules[f"kernelforge_candidate_toy_axpy_{source_id(source)}"]
     assert len(module.HITS) == 1

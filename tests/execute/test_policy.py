@@ -57,17 +57,17 @@ BANNED = [
     ("import kernelforge.execute.verify", "import kernelforge.execute.verify"),
     ("import torch.nn.functional as F", "import torch.nn.functional"),
     ("from os import path", "from os import"),
-    ("from torch import matmul", "torch.matmul"),
-    ("from triton.language import core", "implementation module"),
+    ("from torch import matmul", "not on the allowlist of torch"),
+    ("from triton.language import core", "not on the allowlist of triton.language"),
     ("from triton.language import *", "import *"),
     ("from . import x", "from . import"),
     ("data = open('/etc/passwd').read()", "open is not allowed"),
-    ("eval('1')", "eval is not allowed"),
-    ("exec('x = 1')", "exec is not allowed"),
-    ("compile('1', 'f', 'eval')", "compile is not allowed"),
-    ("__import__('os')", "__import__ is not allowed"),
+    ("eval('1')", "the builtin eval is not allowed"),
+    ("exec('x = 1')", "the builtin exec is not allowed"),
+    ("compile('1', 'f', 'eval')", "the builtin compile is not allowed"),
+    ("__import__('os')", "dunder names are not allowed"),
     ("f = getattr(torch, 'matmul')", "getattr is not allowed"),
-    ("setattr(torch, 'equal', None)", "setattr is not allowed"),
+    ("setattr(torch, 'equal', None)", "the builtin setattr is not allowed"),
     ("g = globals()", "globals is not allowed"),
     ("v = vars(torch)", "vars is not allowed"),
     ("def run(a, b, out):\n    torch.matmul(a, b, out=out)", "torch.matmul"),
@@ -80,18 +80,18 @@ BANNED = [
     ("def run(a, out):\n    torch._C._set_grad_enabled(False)", "torch._C"),
     ("def run(a, out):\n    s = torch.cuda.Stream()", "torch.cuda"),
     ("def run(a, out):\n    torch.cuda.synchronize()", "torch.cuda"),
-    ("def run(a, b, out):\n    out.copy_(torch.Tensor.matmul(a, b))", "unbound tensor methods"),
+    ("def run(a, b, out):\n    out.copy_(torch.Tensor.matmul(a, b))", ".matmul is not on the allowlist"),
     ("def run(a, b, out):\n    out.copy_(a @ b)", "@ operator"),
     ("def run(a, b, out):\n    c = a\n    c @= b", "@= operator"),
-    ("def run(a, b, out):\n    out.copy_(a.matmul(b))", ".matmul(...)"),
-    ("def run(a, out):\n    out.copy_(a.softmax(-1))", ".softmax(...)"),
-    ("def run(a, out):\n    n = a.numpy()", ".numpy(...)"),
-    ("def run(a, out):\n    a.record_stream(None)", ".record_stream(...)"),
-    ("def run(a, out):\n    out.set_(a)", ".set_(...)"),
-    ("def run(a, out):\n    out.data = a", "assigning .data"),
-    ("torch.allclose = lambda *a, **k: True", "patches a module"),
-    ("tl.load = None", "patches a module"),
-    ("del torch.equal", "deleting attributes"),
+    ("def run(a, b, out):\n    out.copy_(a.matmul(b))", ".matmul is not on the allowlist"),
+    ("def run(a, out):\n    out.copy_(a.softmax(-1))", ".softmax is not on the allowlist"),
+    ("def run(a, out):\n    n = a.numpy()", ".numpy is not on the allowlist"),
+    ("def run(a, out):\n    a.record_stream(None)", ".record_stream is not on the allowlist"),
+    ("def run(a, out):\n    out.set_(a)", ".set_ is not on the allowlist"),
+    ("def run(a, out):\n    out.data = a", "assigning or deleting attributes"),
+    ("torch.allclose = lambda *a, **k: True", "assigning or deleting attributes"),
+    ("tl.load = None", "assigning or deleting attributes"),
+    ("del torch.equal", "assigning or deleting attributes"),
     ("triton.knobs.runtime.interpret = False", "knobs"),
     ("run_later = triton.autotune", "autotune"),
     ("bench = triton.testing.do_bench", "testing"),
@@ -102,12 +102,13 @@ BANNED = [
     ("def run(a, out):\n    c = out.__class__", "dunder"),
     ("def run(a, out):\n    g = run.__globals__", "dunder"),
     ("d = torch.__dict__", "dunder"),
-    ("class Lazy(torch.Tensor):\n    pass", "subclasses a torch type"),
-    ("class Lazy:\n    def __torch_function__(self):\n        pass", "__torch_function__"),
-    ("def run(a, out):\n    try:\n        pass\n    except:\n        pass", "broad exception handler"),
-    ("def run(a, out):\n    try:\n        pass\n    except Exception:\n        pass", "broad exception handler"),
-    ("def run(a, out):\n    try:\n        pass\n    except (ValueError, BaseException):\n        pass", "broad exception handler"),
+    ("class Lazy(torch.Tensor):\n    pass", "classes are not allowed"),
+    ("class Lazy:\n    def __torch_function__(self):\n        pass", "classes are not allowed"),
+    ("def run(a, out):\n    try:\n        pass\n    except:\n        pass", "except must name specific exceptions"),
+    ("def run(a, out):\n    try:\n        pass\n    except Exception:\n        pass", "except must name specific exceptions"),
+    ("def run(a, out):\n    try:\n        pass\n    except (ValueError, BaseException):\n        pass", "except must name specific exceptions"),
     ("async def run(a, out):\n    pass", "async"),
+    ("if __name__ == '__main__':\n    pass", "if statement at module level"),
 ]
 
 
@@ -130,7 +131,6 @@ ALLOWED = [
     "@triton.heuristics({'EVEN': lambda args: args['n'] % 2 == 0})\n@triton.jit\ndef k(n, EVEN: tl.constexpr):\n    pass",
     "from triton.language.extra import libdevice\nfrom triton.tools.tensor_descriptor import TensorDescriptor",
     "def run(x, out):\n    s = math.sqrt(x.shape[-1])\n    f = torch.finfo(torch.bfloat16).max\n    n = triton.next_power_of_2(triton.cdiv(7, 2))",
-    "if __name__ == '__main__':\n    pass",
 ]
 
 
@@ -158,5 +158,5 @@ def test_unparsable_or_odd_sources_are_reports_not_exceptions(source):
 def test_report_is_a_list_of_problems():
     """The LLM generator reads ``list(check_source(src))``: problem lines, empty when allowed."""
     assert list(check_source(PRELUDE)) == []
-    problems = list(check_source(PRELUDE + "import os\neval('1')\n"))
+    problems = list(check_source(PRELUDE + "import os\ndef f():\n    return eval('1')\n"))
     assert len(problems) == 2 and problems[0].startswith("line 6:") and "eval" in problems[1]
