@@ -17,14 +17,16 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Callable
 
 
 @dataclass(frozen=True)
 class Reply:
     """One scripted HTTP answer. ``status`` 200 sends a chat.completion with ``content``; others send
     an OpenAI-style error body. ``delay`` seconds pass before anything is sent (a slow model);
-    ``echo_key`` puts the bearer token received into the error message (as some servers do)."""
+    ``echo_key`` puts the bearer token received into the error message (as some servers do);
+    ``answer``, when given, writes the content from the bearer token received (a server that
+    echoes the credential in its answer)."""
 
     content: str = ""
     status: int = 200
@@ -33,6 +35,7 @@ class Reply:
     finish_reason: str = "stop"
     echo_key: bool = False
     label: str = ""
+    answer: Callable[[str], str] | None = None
 
 
 #: What the server answers once the script is used up: prose, no code.
@@ -130,16 +133,17 @@ class ScriptedServer:
                                reply.headers)
                     return
                 prompt = sum(len(str(m.get("content", ""))) for m in body.get("messages", []))
+                content = reply.answer(auth.removeprefix("Bearer ")) if reply.answer else reply.content
                 completion = {
                     "id": f"chatcmpl-{len(server.requests)}",
                     "object": "chat.completion",
                     "created": int(time.time()),
                     "model": body.get("model", "scripted"),
                     "choices": [{"index": 0, "finish_reason": reply.finish_reason,
-                                 "message": {"role": "assistant", "content": reply.content}}],
+                                 "message": {"role": "assistant", "content": content}}],
                     # Rough token counts (4 characters a token), like a real server's usage block.
-                    "usage": {"prompt_tokens": prompt // 4, "completion_tokens": len(reply.content) // 4,
-                              "total_tokens": prompt // 4 + len(reply.content) // 4},
+                    "usage": {"prompt_tokens": prompt // 4, "completion_tokens": len(content) // 4,
+                              "total_tokens": prompt // 4 + len(content) // 4},
                 }
                 self._send(200, completion, reply.headers)
 

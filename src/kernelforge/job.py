@@ -32,6 +32,7 @@ Every mistake names the file, the field and the fix.
 from __future__ import annotations
 
 import difflib
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from urllib.parse import urlsplit
 
 from kernelforge.block import DTYPES, Shape
 from kernelforge.errors import UserError
+from kernelforge.redact import redact_url, register, register_url
 from kernelforge.strategies.names import STRATEGY_NAMES
 
 if sys.version_info >= (3, 11):
@@ -107,7 +109,8 @@ class LLMSpec:
     """The ``[llm]`` table: an OpenAI-compatible chat-completions endpoint that writes new templates.
 
     The API key is read from the environment variable named ``api_key_env`` when the search starts
-    and is never stored, logged or reported; empty means no key (a local server). Budgets bound
+    and is never stored, logged or reported (its value is registered with :mod:`kernelforge.redact`
+    as soon as the job names the variable); empty means no key (a local server). Budgets bound
     the generator (``max_calls`` requests, ``max_tokens`` prompt + completion tokens, ``max_minutes``
     of wall time); ``concurrency`` requests are in flight at most, each with ``timeout_s`` and up
     to ``max_retries`` retries. A template that fails gets up to ``repair_turns`` follow-up turns
@@ -220,6 +223,7 @@ def parse_job(raw: dict[str, Any], path: Path, catalog=None) -> Job:
     if target is not None:
         _typed(f"{path} [job] target", target, str, '"sm_90"')
     storage = _typed(f"{path} [job] storage", job.get("storage", ""), str, 'a SQLAlchemy URL such as "sqlite:///x.db"')
+    register_url(storage)  # its password is masked in everything written from now on
 
     strategy_name = _typed(f"{path} [strategy] name", strategy.get("name", "tpe"), str, '"tpe"')
     if strategy_name not in STRATEGY_NAMES:
@@ -280,6 +284,7 @@ def parse_llm(table: dict[str, Any], where: str, *, require_endpoint: bool = Tru
     _unknown(where, table, _LLM_KEYS)
     defaults = LLMSpec()
     base_url = _typed(f"{where} base_url", table.get("base_url", ""), str, 'a URL such as "http://127.0.0.1:8000/v1"')
+    register_url(base_url)
     model = _typed(f"{where} model", table.get("model", ""), str, 'a model name such as "gpt-4.1"')
     if require_endpoint and not base_url:
         raise UserError(f'{where}: missing base_url, e.g. base_url = "https://api.openai.com/v1"')
@@ -293,6 +298,8 @@ def parse_llm(table: dict[str, Any], where: str, *, require_endpoint: bool = Tru
         # Never echo the value: it may be the key itself, pasted in by mistake.
         raise UserError(f"{where} api_key_env: must be the NAME of an environment variable (letters, digits, _), "
                         "not the key itself; put the key in that variable")
+    if key_env:
+        register(os.environ.get(key_env))  # masked from the moment the job names it, before any request
 
     def integer(name: str, low: int) -> int:
         value = _typed(f"{where} {name}", table.get(name, getattr(defaults, name)), int, "an integer")
@@ -337,23 +344,11 @@ def require_llm_endpoint(job: Job) -> None:
 
 def check_base_url(url: str, where: str) -> None:
     """An endpoint URL must be http(s)://host[...]; the message never repeats credentials in it."""
+    register_url(url)
     parsed = urlsplit(url)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise UserError(f"{where}: {redact_url(url)!r} is not an http(s) URL; give the endpoint's base URL, "
                         "e.g. http://127.0.0.1:8000/v1")
-
-
-def redact_url(url: str) -> str:
-    """``url`` without user:password (a URL may carry credentials; they are never stored or printed)."""
-    try:
-        parsed = urlsplit(url)
-    except ValueError:
-        return "<unparsable URL>"
-    if parsed.username is None and parsed.password is None:
-        return url
-    host = parsed.hostname or ""
-    netloc = f"***@{host}" + (f":{parsed.port}" if parsed.port else "")
-    return parsed._replace(netloc=netloc).geturl()
 
 
 def _check_block(where: str, catalog, block_id: str, shapes: str, templates: list[str]) -> None:

@@ -282,7 +282,8 @@ def test_check_verbose_prints_the_candidates_traceback(tmp_path):
                   kernels=kernels)
     assert loud.exit_code == 1
     assert "Traceback" in loud.output and "raise ValueError(f'boom at n={n}')" in loud.output
-    assert "ValueError: boom at n=1000" in loud.output
+    # The first failure is on a held-out shape (check judges as a search does), so n is that shape's.
+    assert "ValueError: boom at n=" in loud.output
 
 
 @pytest.mark.interpreter

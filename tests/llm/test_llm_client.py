@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from kernelforge.llm.client import OpenAIChatClient, Redactor, retry_after
+from kernelforge.llm.client import OpenAIChatClient, retry_after
 from llm_server import Reply, ScriptedServer
 
 KEY = "sk-test-KFCLIENT-0123456789abcdef"
@@ -92,9 +92,3 @@ def test_retry_after_header_forms():
     assert retry_after({"retry-after-ms": "250", "retry-after": "9"}) == 0.25
     assert 20 < retry_after({"retry-after": later}) <= 31
     assert retry_after({"retry-after": "soon"}) is None and retry_after({}) is None
-
-
-def test_redactor_hides_the_whole_secret_only():
-    redact = Redactor("sk-abc")
-    assert redact("key sk-abc refused") == "key *** refused"
-    assert redact("nothing here") == "nothing here" and Redactor(None)("sk-abc") == "sk-abc"

@@ -91,11 +91,13 @@ def job_path(name_or_path: str) -> Path:
 
 def load_job(ctx: click.Context, job_file: str, storage: str | None):
     """(job, catalog) for ``job_file`` (a job file or a job name, see :func:`job_path`), with
-    ``--storage`` overriding the job's storage URL."""
+    ``--storage`` overriding the job's storage URL (its password registered with the redactor)."""
     from dataclasses import replace
 
     from kernelforge.job import load_job as load
+    from kernelforge.redact import register_url
 
+    register_url(storage)
     catalog = catalog_of(ctx)
     job = load(job_path(job_file), catalog)
     if storage:

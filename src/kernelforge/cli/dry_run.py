@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from rich.markup import escape
 from rich.table import Table
@@ -22,13 +21,13 @@ from kernelforge.job import Tune
 def print_plan(job, catalog, *, device_name: str | None, compile_enabled: bool) -> None:
     """Print the plan of ``job`` (with the command line's overrides) and the stored results it
     would resume from."""
-    from kernelforge.job import redact_url
+    from kernelforge.redact import redact, redact_url
     from kernelforge.search.plan import already_spent, llm_reserve, plan_studies
 
     planned = plan_studies(job, catalog)
     store, why_not = open_existing(job.storage_url)
 
-    line = lambda label, value: console.print(f"  {label:<10}{value}", markup=False, soft_wrap=True)  # noqa: E731
+    line = lambda label, value: console.print(redact(f"  {label:<10}{value}"), markup=False, soft_wrap=True)  # noqa: E731
     console.print(f"[bold]{escape(job.name)}[/] ({escape(str(job.path))}): dry run, nothing is evaluated")
     if job.description:
         line("about", job.description)
@@ -83,19 +82,15 @@ def target_line(job, compile_enabled: bool) -> str:
 def open_existing(url: str):
     """(the job's store, None) when its database can be read; (None, why not) otherwise: nothing
     stored yet, or a database that cannot be opened (said with any password redacted)."""
-    from kernelforge.job import redact_url
+    from kernelforge.redact import redact, redact_url
     from kernelforge.store.store import Store
 
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
         return None, "nothing stored yet"  # not an error for a new job: the search creates it
     try:
         return Store(url, create=False), ""
-    except UserError as exc:
-        password = urlsplit(url).password if "://" in url else None
-        reason = str(exc).replace(url, redact_url(url))
-        if password:
-            reason = reason.replace(password, "***")
-        return None, f"cannot be opened: {reason}"
+    except UserError as exc:  # the store registered the URL's password: redact masks it
+        return None, f"cannot be opened: {redact(str(exc).replace(url, redact_url(url)))}"
 
 
 def stored_line(store, job, block_id: str, shapes: list[str]) -> str:

@@ -2,6 +2,11 @@
 
 User mistakes (unknown names, bad parameters, malformed files) print one line naming the thing and
 the fix, and exit with status 2; a check that finds a failing shape exits with status 1.
+
+No secret is printed: the group registers the values of environment variables with secret names
+(:func:`kernelforge.redact.register_environment`; the job's key variable and storage password are
+registered when they are read) and puts the redactor in front of stdout and stderr, so every line,
+warning and traceback of every command is masked.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from kernelforge.cli.report import export, report
 from kernelforge.cli.search import search, strategy_bench
 from kernelforge.cli.show import show
 from kernelforge.errors import UserError
+from kernelforge.redact import redact, redact_standard_streams, register_environment
 
 
 class OneLineErrors(click.Group):
@@ -29,7 +35,7 @@ class OneLineErrors(click.Group):
             return super().invoke(ctx)
         except UserError as exc:
             # Escaped: messages name TOML tables such as [llm], which rich would take for markup.
-            err_console.print(f"[bold red]kernelforge:[/] {escape(str(exc))}")
+            err_console.print(f"[bold red]kernelforge:[/] {escape(redact(str(exc)))}")
             ctx.exit(2)
         except KeyboardInterrupt:
             err_console.print("kernelforge: interrupted; everything measured is stored, rerun to continue")
@@ -42,6 +48,8 @@ class OneLineErrors(click.Group):
 @click.pass_context
 def main(ctx: click.Context, kernels: str | None) -> None:
     """kernelforge: find faster GPU kernels for the attention and MoE blocks of large models."""
+    register_environment()
+    redact_standard_streams()
     ctx.ensure_object(dict)
     ctx.obj["kernels"] = kernels
 

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from kernelforge.cli.common import console, load_job, yes
 from kernelforge.errors import UserError
+from kernelforge.redact import redact_url
 
 #: Where searches write their databases by default (kernelforge.job.Job.storage_url).
 REPORTS_GLOB = "reports/*/kernelforge.db"
@@ -50,7 +51,7 @@ def show(ctx: click.Context, candidate_id: str, job_file: str | None, storage: s
         for stored in store.candidates():
             if stored.id.startswith(prefix):
                 matches.setdefault(stored.id, []).append((url, store))
-    where = ", ".join(urls) if len(urls) <= 3 else f"{len(urls)} databases ({REPORTS_GLOB})"
+    where = ", ".join(map(redact_url, urls)) if len(urls) <= 3 else f"{len(urls)} databases ({REPORTS_GLOB})"
     if not matches:
         hint = "pass the job that stored it (kernelforge show ID JOB) or --storage URL"
         raise UserError(f"no candidate {candidate_id!r} in {where}; {hint}")
@@ -82,7 +83,7 @@ def print_candidate(store, candidate_id: str, url: str, no_source: bool) -> None
     stored = store.candidate(candidate_id)
     results = store.results(candidate_id=candidate_id)
     created = datetime.fromtimestamp(stored.created).strftime("%Y-%m-%d %H:%M:%S")
-    console.print(f"[bold]candidate {stored.id}[/]  ({escape(url)})")
+    console.print(f"[bold]candidate {stored.id}[/]  ({escape(redact_url(url))})")
     console.print(f"  block     {stored.block}", markup=False)
     console.print(f"  template  {stored.template}", markup=False)
     console.print(f"  origin    {stored.origin}", markup=False)

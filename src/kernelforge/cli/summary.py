@@ -14,13 +14,14 @@ from kernelforge.cli.common import err_console
 
 
 def print_summary(job, catalog, store, outcome, report_path: Path | None) -> None:
-    """Print the end-of-search summary of ``job`` to stderr (stdout may carry JSON progress)."""
-    from kernelforge.job import redact_url
+    """Print the end-of-search summary of ``job`` to stderr (stdout may carry JSON progress),
+    redacted: the storage URL without its password, no registered secret in any line."""
+    from kernelforge.redact import redact, redact_url
     from kernelforge.report.collect import collect
 
     report = collect(job, catalog, store)
     stored = sum(b.candidates for b in report.blocks)
-    say = lambda text: err_console.print(text, markup=False, soft_wrap=True)  # noqa: E731
+    say = lambda text: err_console.print(redact(text), markup=False, soft_wrap=True)  # noqa: E731
     say(f"{job.name}: {outcome.evaluations} evaluations this run, {outcome.duplicates} answered from the store; "
         f"{stored} candidates of this job stored in {redact_url(job.storage_url)}")
     width = max((len(b.block) for b in report.blocks), default=0)

@@ -124,7 +124,7 @@ class _Checker(ast.NodeVisitor):
         for node in ast.walk(statement):
             if isinstance(node, ast.Call):
                 base = _chain(node.func)[0] if isinstance(node.func, ast.Attribute) else node.func
-                if not (isinstance(base, ast.Name) and base.id in self.modules):
+                if not (isinstance(base, ast.Name) and (base.id in self.modules or self._unknown(base))):
                     self.flag(node, "a module-level constant may call only functions of the allowed modules "
                                     "(nothing of the source runs at import)")
 

@@ -12,10 +12,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kernelforge.job import LLMSpec, redact_url
+from kernelforge.job import LLMSpec
 from kernelforge.llm.client import Attempt, Exchange
 from kernelforge.llm.context import REPAIRABLE, PromptContext
 from kernelforge.llm.parse import Parsed, parse_answer
+from kernelforge.redact import redact_url
 from kernelforge.search.proposer import Outcome, Proposal, ProposalKind
 
 if TYPE_CHECKING:

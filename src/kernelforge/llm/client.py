@@ -7,8 +7,10 @@ it gives none). Not retried: 400 (this request is bad; the next one may be fine)
 whole generator (:attr:`Exchange.fatal`): 401/403 (key), 404 (base URL or model), an endpoint that
 cannot be reached at all; the generator stops with that one message and the search goes on.
 
-The API key is held in memory only. Every text that leaves this module (errors, responses) has it
-replaced by ``***`` first, because servers echo credentials in error bodies.
+The API key is held in memory only and registered with the one redactor (:mod:`kernelforge.redact`)
+when a client is made. Every message is redacted just before it is sent (the key travels only in
+the Authorization header), and every text that leaves this module (errors, responses) is redacted
+as it arrives, because servers echo credentials in error bodies and answers.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from kernelforge.redact import redact, redact_data, register
 
 #: Kinds of a failed attempt, and whether the generator retries it.
 RETRYABLE = {"request_timeout", "rate_limited", "server_error", "unreachable", "bad_response"}
@@ -77,18 +81,6 @@ class Exchange:
 
     def request_hash(self) -> str:
         return hashlib.sha256(self.request_json().encode("utf-8")).hexdigest()[:16]
-
-
-class Redactor:
-    """Replaces a secret in any text (the whole secret; it is never shown in part either)."""
-
-    def __init__(self, secret: str | None):
-        self.secret = secret or None
-
-    def __call__(self, text: Any) -> Any:
-        if self.secret and isinstance(text, str) and self.secret in text:
-            return text.replace(self.secret, "***")
-        return text
 
 
 def retry_after(headers: Any) -> float | None:
@@ -154,7 +146,7 @@ class OpenAIChatClient(ChatClient):
         self.timeout_s = timeout_s
         self.max_retries = max_retries
         self.deadline = deadline
-        self.redact = Redactor(api_key)
+        register(api_key)
         self.params: dict[str, Any] = {"model": model, "temperature": temperature}
         if response_tokens is not None:
             self.params["max_tokens"] = response_tokens
@@ -164,6 +156,8 @@ class OpenAIChatClient(ChatClient):
                                      max_retries=0)
 
     def complete(self, messages: list[dict[str, str]]) -> Exchange:
+        # What is sent is what is recorded: both without any registered secret.
+        messages = redact_data(messages)
         exchange = Exchange(messages=messages, params=dict(self.params))
         for number in range(self.max_retries + 1):
             attempt = self._attempt(messages, number)
@@ -193,7 +187,7 @@ class OpenAIChatClient(ChatClient):
 
         def failed(status: str, error: str, http_status: int | None = None, wait: float | None = None) -> Attempt:
             return Attempt(number, status, time.monotonic() - start, http_status=http_status,
-                           error=self.redact(error)[:2000], retry_after_s=wait)
+                           error=redact(error)[:2000], retry_after_s=wait)
 
         try:
             response = self._client.chat.completions.create(messages=messages, **self.params)
@@ -228,7 +222,7 @@ class OpenAIChatClient(ChatClient):
         except (AttributeError, IndexError, TypeError):
             return failed("bad_response", "the response has no choices[0].message")
         usage = getattr(response, "usage", None)
-        return Attempt(number, "ok", latency, text=self.redact(text), finish_reason=finish,
+        return Attempt(number, "ok", latency, text=redact(text), finish_reason=finish,
                        prompt_tokens=getattr(usage, "prompt_tokens", None),
                        completion_tokens=getattr(usage, "completion_tokens", None), http_status=200)
 
@@ -251,5 +245,5 @@ def _body(exc: Any) -> str:
         if isinstance(message, dict):
             message = message.get("message")
         if message:
-            return str(message)[:500]
-    return str(getattr(exc, "message", exc))[:500]
+            return redact(str(message))[:500]  # masked before it is cut: no piece of a key survives
+    return redact(str(getattr(exc, "message", exc)))[:500]

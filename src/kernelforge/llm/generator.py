@@ -21,12 +21,13 @@ from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from typing import Any
 
-from kernelforge.job import LLMSpec, redact_url
+from kernelforge.job import LLMSpec
 from kernelforge.llm.base import BaseGenerator, Response
 from kernelforge.llm.client import Attempt, ChatClient, Exchange, OpenAIChatClient
 from kernelforge.llm.context import PARENT_POOL, PromptContext
 from kernelforge.llm.prompts import repair_prompt, system_prompt
 from kernelforge.llm.workers import RequestThreads
+from kernelforge.redact import redact_url, register
 from kernelforge.search.gate import PolicyUnavailable, require_policy
 from kernelforge.search.proposer import Outcome
 
@@ -81,6 +82,7 @@ class LLMGenerator(BaseGenerator):
         key = None
         if self.spec.api_key_env:
             key = os.environ.get(self.spec.api_key_env)
+            register(key)  # from now on, masked in everything this process writes
             if not key:
                 self.stop(f"[llm] api_key_env: the environment variable {self.spec.api_key_env} is not set; "
                           "set it to the endpoint's API key")

@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 from collections import deque
 
-from kernelforge.job import LLMSpec, redact_url
+from kernelforge.job import LLMSpec
 from kernelforge.llm.base import BaseGenerator, Response
 from kernelforge.llm.client import Attempt, Exchange
 from kernelforge.llm.context import PromptContext
+from kernelforge.redact import redact_url
 from kernelforge.search.proposer import Outcome
 from kernelforge.store.records import LLMCall
 

@@ -21,6 +21,7 @@ from kernelforge.catalog import Catalog
 from kernelforge.devices.hardware import Ceilings, assess, ceilings_for, timed_device_name
 from kernelforge.job import BlockSpec, Job, Tune
 from kernelforge.objective import by_candidate, geomean, geomean_speedup, rank, speedup, speedup_spread
+from kernelforge.redact import redact_url
 from kernelforge.report.projected import collect_projection
 from kernelforge.report.records import (Banner, BlockReport, CandidateRow, CompileRow, Progress, ProgressPoint,
                                         Report, RooflineMeta, ShapeRoofline, ShapeRow, Suspect, Winner)
@@ -41,7 +42,7 @@ def collect(job: Job, catalog: Catalog, store: Store) -> Report:
     banners = {b.env_key: b.banner for b in blocks if b.banner}
     return Report(
         job=job.name, job_file=str(job.path), dtype=job.dtype, tune=job.tune, strategy=job.strategy.name,
-        storage=job.storage_url, blocks=tuple(blocks), environments=environments, banners=tuple(banners.values()),
+        storage=redact_url(job.storage_url), blocks=tuple(blocks), environments=environments, banners=tuple(banners.values()),
         projection=collect_projection(blocks, catalog),
     )
 

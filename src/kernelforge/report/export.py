@@ -31,6 +31,7 @@ from kernelforge.devices.hardware import timed_device_name
 from kernelforge.job import Job
 from kernelforge.report.collect import collect
 from kernelforge.report.records import Report, ShapeRow
+from kernelforge.report.write import write_text
 from kernelforge.store.store import Store
 
 FORMATS = ("vllm", "triton", "source")
@@ -227,10 +228,10 @@ def export(job: Job, catalog: Catalog, store: Store, fmt: str, out: Path | None 
         out.mkdir(parents=True, exist_ok=True)
         for name, text in texts.items():
             path = out / name
-            path.write_text(text, encoding="utf-8")
+            write_text(path, text)
             written.append(path)
         meta = out / f"kernelforge-export-{fmt}.json"
-        meta.write_text(json.dumps(provenance, indent=1, default=str) + "\n", encoding="utf-8")
+        write_text(meta, json.dumps(provenance, indent=1, default=str) + "\n")
         written.append(meta)
     except OSError as exc:
         raise UserError(f"cannot write the export into {out} ({exc.strerror}); choose a writable --out") from None

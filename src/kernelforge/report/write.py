@@ -1,5 +1,10 @@
 """Write a job's report files (REPORT.md, results.json, index.html) and the compare page of two
-jobs: collect from the store, render, write. Only stored measurements are read."""
+jobs: collect from the store, render, write. Only stored measurements are read.
+
+Every file of the report package is written through :func:`write_text`, which masks registered
+secrets (:mod:`kernelforge.redact`) in the final text: what the store holds is redacted already,
+and this is the last boundary before the disk.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from pathlib import Path
 from kernelforge.catalog import Catalog
 from kernelforge.errors import UserError
 from kernelforge.job import Job
+from kernelforge.redact import redact
 from kernelforge.report.collect import collect
 from kernelforge.report.compare import compare, compare_markdown
 from kernelforge.report.html import render_compare, render_html
@@ -23,10 +29,10 @@ def write_report(job: Job, catalog: Catalog, store: Store, folder: Path | None =
     report = collect(job, catalog, store)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "results.json").write_text(results_json(report), encoding="utf-8")
+        write_text(folder / "results.json", results_json(report))
         path = folder / "REPORT.md"
-        path.write_text(to_markdown(report), encoding="utf-8")
-        (folder / "index.html").write_text(render_html(report), encoding="utf-8")
+        write_text(path, to_markdown(report))
+        write_text(folder / "index.html", render_html(report))
     except OSError as exc:
         raise UserError(f"cannot write the report into {folder} ({exc.strerror}); check that the folder is writable") from None
     return path
@@ -38,7 +44,12 @@ def write_compare(a: Report, b: Report, folder: Path = Path("reports")) -> tuple
     path = folder / f"compare-{a.job}-vs-{b.job}.html"
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        path.write_text(render_compare(cmp), encoding="utf-8")
+        write_text(path, render_compare(cmp))
     except OSError as exc:
         raise UserError(f"cannot write {path} ({exc.strerror}); check that the folder is writable") from None
-    return compare_markdown(cmp), path
+    return redact(compare_markdown(cmp)), path
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` as UTF-8 with every registered secret masked (raises OSError)."""
+    path.write_text(redact(text), encoding="utf-8")

@@ -1,7 +1,9 @@
 """Progress of a search: a live terminal view, JSON lines for scripts, or quiet.
 
 The search reports events (``start``, ``baseline``, ``evaluated``, ``duplicate``, ``confirmed``,
-``end``); a progress object turns them into output and never influences the search.
+``end``); a progress object turns them into output and never influences the search. Every mode
+prints an event only after the one redactor (:mod:`kernelforge.redact`) has masked every secret in
+it: a message carrying the LLM key or a storage password is shown with ``***``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
+
+from kernelforge.redact import redact, redact_data
 
 
 class Progress:
@@ -35,7 +39,8 @@ class JsonLinesProgress(Progress):
         self.stream = stream or sys.stdout
 
     def event(self, kind: str, **data: Any) -> None:
-        self.stream.write(json.dumps({"event": kind, "time": round(time.time(), 3), **data}, default=str) + "\n")
+        line = json.dumps({"event": kind, "time": round(time.time(), 3), **redact_data(data)}, default=str)
+        self.stream.write(redact(line) + "\n")  # again: ``default=str`` may have shown an object's text
         self.stream.flush()
 
 
@@ -57,6 +62,7 @@ class LiveProgress(Progress):
         self.live.start()
 
     def event(self, kind: str, **data: Any) -> None:
+        data = redact_data(data)
         block = data.get("block", "")
         if kind == "start":
             self.header = f"job {data['job']} on {data['device']} ({data['dtype']}, strategy {data['strategy']})"

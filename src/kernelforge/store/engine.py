@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from kernelforge.errors import UserError
+from kernelforge.redact import redact, redact_url
 
 #: SQLite error texts that mean "nothing can be written here", turned into one clear UserError.
 WRITE_FAILURES = ("database or disk is full", "readonly database", "read-only", "disk i/o error",
@@ -28,7 +29,7 @@ def make_engine(url: str, create: bool) -> Engine:
     try:
         engine = sa.create_engine(url, future=True)
     except Exception as exc:  # bad URL, missing driver
-        raise UserError(f"storage {url!r}: {exc}; use a SQLAlchemy URL such as sqlite:///reports/job/kernelforge.db") from None
+        raise UserError(f"storage {redact_url(url)!r}: {redact(str(exc))}; use a SQLAlchemy URL such as sqlite:///reports/job/kernelforge.db") from None
     sa.event.listen(engine, "handle_error", lambda context: _write_failure(url, context))
     return engine
 
@@ -77,7 +78,7 @@ def _write_failure(url: str, context: Any) -> None:
     locked = "database is locked" in text
     if not locked and not any(marker in text for marker in WRITE_FAILURES):
         return
-    where = url
+    where = redact_url(url)  # a database error names the database, never its password
     if url.startswith("sqlite:///"):
         path = Path(url[len("sqlite:///"):])
         where = f"{path} (folder {path.parent.resolve()})"
@@ -87,6 +88,6 @@ def _write_failure(url: str, context: Any) -> None:
             "job's search or report writing to the same file) and rerun: everything stored so far is kept"
         ) from None
     raise UserError(
-        f"cannot write the results database {where}: {context.original_exception}; free disk space or make "
+        f"cannot write the results database {where}: {redact(str(context.original_exception))}; free disk space or make "
         "the file and its folder writable, then rerun: everything stored so far is kept"
     ) from None

@@ -1,7 +1,8 @@
 """The LLM call log: every HTTP attempt of the LLM generator (kf_llm_calls) and the templates it
 wrote (kf_templates), so that a resumed or replayed search rebuilds them and the budgets carry over.
 
-Functions of an engine; :class:`kernelforge.store.store.Store` exposes them as its methods.
+Every row is redacted (:mod:`kernelforge.redact`) as it is written. Functions of an engine;
+:class:`kernelforge.store.store.Store` exposes them as its methods.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
+from kernelforge.redact import redact_data
 from kernelforge.store.records import LLMCall, LLMUsage, StoredTemplate, llm_call_record, template_record
 from kernelforge.store.schema import llm_calls_table, templates_table
 
@@ -26,7 +28,7 @@ def add_template(engine: Engine, template_id: str, block: str, text: str, *, ori
         exists = conn.execute(sa.select(templates_table.c.id).where(templates_table.c.id == template_id)).first()
         if exists is None:
             try:
-                conn.execute(templates_table.insert(), row)
+                conn.execute(templates_table.insert(), redact_data(row))
             except IntegrityError:
                 pass
 
@@ -49,7 +51,7 @@ def add_llm_calls(engine: Engine, rows: list[dict[str, Any]]) -> list[int]:
     with engine.begin() as conn:
         for row in rows:
             row = {"created": time.time(), **row}
-            ids.append(conn.execute(llm_calls_table.insert(), row).inserted_primary_key[0])
+            ids.append(conn.execute(llm_calls_table.insert(), redact_data(row)).inserted_primary_key[0])
     return ids
 
 
@@ -64,7 +66,7 @@ def set_llm_outcome(engine: Engine, row_id: int, kind: str, message: str | None 
     if candidate_id is not None:
         values["candidate_id"] = candidate_id
     with engine.begin() as conn:
-        conn.execute(llm_calls_table.update().where(llm_calls_table.c.id == row_id).values(**values))
+        conn.execute(llm_calls_table.update().where(llm_calls_table.c.id == row_id).values(**redact_data(values)))
 
 
 def llm_calls(engine: Engine, job: str | None = None, *, final_only: bool = False) -> list[LLMCall]:

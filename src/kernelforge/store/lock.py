@@ -19,6 +19,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from kernelforge.errors import UserError
+from kernelforge.redact import redact_data, redact_url
 from kernelforge.store.records import LockHolder, lock_record
 from kernelforge.store.schema import locks_table, metadata
 
@@ -80,7 +81,9 @@ def acquire_job_lock(engine: Engine, url: str, job: str) -> JobLock:
     metadata.create_all(engine, tables=[locks_table])
     me, host, pid = _holder_identity()
     now = time.time()
-    row = {"job": job, "holder": me, "host": host, "pid": pid, "started": now, "heartbeat": now}
+    row = redact_data({"job": job, "holder": me, "host": host, "pid": pid, "started": now, "heartbeat": now})
+    me = row["holder"]  # as stored: every later comparison is with the stored row
+    where = redact_url(url)  # messages name the database, never its password
     for _ in range(3):
         try:
             with engine.begin() as conn:
@@ -97,7 +100,7 @@ def acquire_job_lock(engine: Engine, url: str, job: str) -> JobLock:
             since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(held.started))
             raise UserError(
                 f"job {job!r} is being searched by process {held.pid} on host {held.host} (since {since}) "
-                f"in {url}; wait for it to finish or stop it (a killed search's lock is taken over "
+                f"in {where}; wait for it to finish or stop it (a killed search's lock is taken over "
                 "automatically), or give this run another job name or --storage"
             )
         with engine.begin() as conn:
@@ -105,7 +108,7 @@ def acquire_job_lock(engine: Engine, url: str, job: str) -> JobLock:
                 (locks_table.c.job == job) & (locks_table.c.holder == held.holder)).values(**row))
         if taken.rowcount == 1:
             return JobLock(engine, job, me, taken_over=f"process {held.pid} on {held.host}")
-    raise UserError(f"job {job!r}: could not take its lock in {url} (another search is starting); retry")
+    raise UserError(f"job {job!r}: could not take its lock in {where} (another search is starting); retry")
 
 
 def job_lock(engine: Engine, job: str) -> LockHolder | None:

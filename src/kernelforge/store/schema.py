@@ -12,6 +12,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 
 from kernelforge.errors import UserError
+from kernelforge.redact import redact, redact_url
 
 SCHEMA_VERSION = 1
 APPLICATION = "kernelforge"
@@ -186,29 +187,29 @@ def open_schema(engine: Engine, url: str, create: bool) -> bool:
     try:
         tables = set(sa.inspect(engine).get_table_names())
     except (DatabaseError, OperationalError) as exc:
-        raise UserError(f"storage {url}: not a readable database ({exc.orig}); it was left untouched") from None
+        raise UserError(f"storage {redact_url(url)}: not a readable database ({redact(str(exc.orig))}); it was left untouched") from None
     ours = {t.name for t in metadata.sorted_tables}
     if tables and "kf_meta" not in tables:
         foreign = sorted(t for t in tables if not (t in ours or t in OPTUNA_TABLES))
         if foreign:
             raise UserError(
-                f"storage {url} holds tables that are not kernelforge's ({', '.join(foreign[:5])}); "
+                f"storage {redact_url(url)} holds tables that are not kernelforge's ({', '.join(foreign[:5])}); "
                 "refusing to write into a foreign database; choose another --storage"
             )
     if "kf_meta" in tables:
         with engine.connect() as conn:
             rows = dict(conn.execute(sa.select(meta_table.c.key, meta_table.c.value)).all())
         if rows.get("application") != APPLICATION:
-            raise UserError(f"storage {url} is not a kernelforge database; refusing to modify it")
+            raise UserError(f"storage {redact_url(url)} is not a kernelforge database; refusing to modify it")
         version = int(rows.get("schema_version", "0"))
         if version > SCHEMA_VERSION:
             raise UserError(
-                f"storage {url} has schema version {version}, newer than this kernelforge "
+                f"storage {redact_url(url)} has schema version {version}, newer than this kernelforge "
                 f"({SCHEMA_VERSION}); upgrade kernelforge to read it"
             )
         return True
     if not create:
-        raise UserError(f"storage {url} has no kernelforge results")
+        raise UserError(f"storage {redact_url(url)} has no kernelforge results")
     return False
 
 
@@ -224,7 +225,7 @@ def create_schema(engine: Engine, url: str) -> None:
     except IntegrityError:
         pass  # another worker created it at the same moment
     except OperationalError as exc:
-        raise UserError(f"storage {url}: cannot create tables ({exc.orig}); is the folder writable?") from None
+        raise UserError(f"storage {redact_url(url)}: cannot create tables ({redact(str(exc.orig))}); is the folder writable?") from None
 
 
 def add_missing_tables(engine: Engine) -> None:

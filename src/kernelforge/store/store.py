@@ -8,6 +8,11 @@ Durability: every write is its own transaction, so a search killed with SIGKILL 
 evaluation in flight. A result is unique per (candidate, shape, dtype, device, versions): the same
 candidate is never evaluated twice in the same conditions.
 
+No secret is stored: every row passes through the one redactor (:mod:`kernelforge.redact`) as it
+is written, so a registered secret (the LLM key, a storage password) inside a message, a source,
+a transcript or an environment is stored as ``***``; the store's URL registers its own password.
+A source stored that way differs from the one that ran (its id is the hash of the one that ran).
+
 The pieces: :mod:`~kernelforge.store.schema` (tables; foreign, damaged and newer databases are
 refused untouched), :mod:`~kernelforge.store.engine` (SQLite settings, write failures),
 :mod:`~kernelforge.store.records` (what the queries return), :mod:`~kernelforge.store.llm_log`
@@ -24,6 +29,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
 from kernelforge.candidate import Candidate
+from kernelforge.redact import redact_data, register_url
 from kernelforge.result import StoredResult
 from kernelforge.store import llm_log, lock
 from kernelforge.store.engine import enable_sqlite_pragmas, make_engine
@@ -43,6 +49,7 @@ class Store:
     """
 
     def __init__(self, url: str, *, create: bool = True):
+        register_url(url)
         self.url = url
         self.engine = make_engine(url, create)
         ours = open_schema(self.engine, url, create)
@@ -68,7 +75,7 @@ class Store:
             exists = conn.execute(sa.select(candidates_table.c.id).where(candidates_table.c.id == candidate.id)).first()
             if exists is None:
                 try:
-                    conn.execute(candidates_table.insert(), row)
+                    conn.execute(candidates_table.insert(), redact_data(row))
                 except IntegrityError:
                     pass  # inserted concurrently by another worker
 
@@ -96,7 +103,7 @@ class Store:
             conn.execute(compiles_table.delete().where(
                 (compiles_table.c.candidate_id == candidate_id) & (compiles_table.c.target == target)
                 & (compiles_table.c.dtype == dtype)))
-            conn.execute(compiles_table.insert(), row)
+            conn.execute(compiles_table.insert(), redact_data(row))
 
     def compile(self, candidate_id: str, target: str, dtype: str) -> StoredCompile | None:
         with self.engine.connect() as conn:
@@ -130,7 +137,7 @@ class Store:
         }
         try:
             with self.engine.begin() as conn:
-                conn.execute(results_table.insert(), row)
+                conn.execute(results_table.insert(), redact_data(row))
         except IntegrityError:
             return False
         return True
@@ -185,7 +192,7 @@ class Store:
         (``row``: the kf_confirmations columns but id and created; ``speedups`` a list)."""
         row = {**row, "speedups": json.dumps(list(row["speedups"])), "created": time.time()}
         with self.engine.begin() as conn:
-            conn.execute(confirmations_table.insert(), row)
+            conn.execute(confirmations_table.insert(), redact_data(row))
 
     def confirmations(self, job: str | None = None) -> list[StoredConfirmation]:
         """Stored confirmations (of one job) in the order they were stored."""
