@@ -18,40 +18,53 @@ from kernelforge.errors import UserError
 INTERPRETER_FLOP_LIMIT = 5e10
 
 
+#: What ``check --trusted`` says, so nobody mistakes its verdicts for the search's.
+TRUSTED_WARNING = ("--trusted: candidate code ran in this process without the sandbox; verdicts are not "
+                   "trustworthy against hostile code")
+
+
 @click.command()
 @click.argument("names", nargs=-1)
 @click.option("--device", "device_name", default=None, help="cuda or interpret (default: cuda when a GPU is visible).")
 @click.option("--shapes", "shape_set", default="smoke", show_default=True, help="Shape set or shape name.")
 @click.option("--dtype", "dtype_name", default="bfloat16", show_default=True)
-@click.option("--no-time", is_flag=True, help="Verify only.")
+@click.option("--no-time", is_flag=True, help="Do not show timings (the judge still times: its re-check after "
+                                               "timing is part of the verdict).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Also write every result, with the device and versions, to this JSON file.")
 @click.option("--verbose", "-v", is_flag=True, help="Print the full traceback of a candidate that raised.")
+@click.option("--trusted", is_flag=True, help="Run candidates in this process, without the sandboxed worker "
+                                               "(debugging trusted code only).")
 @click.pass_context
 def check(ctx: click.Context, names: tuple[str, ...], device_name: str | None, shape_set: str, dtype_name: str,
-          no_time: bool, json_path: str | None, verbose: bool = False) -> None:
-    """Verify (and time) blocks' baselines or templates on a shape set.
+          no_time: bool, json_path: str | None, verbose: bool = False, trusted: bool = False) -> None:
+    """Verify and time blocks' baselines or templates on a shape set, judged exactly as a search
+    judges them: the static policy, the sandboxed worker, the same time limits
+    (``KERNELFORGE_COMPILE_TIMEOUT``, ``KERNELFORGE_RUN_TIMEOUT``) and the same verdicts.
 
     NAMES are block ids (meaning their baseline template) or template ids; none means every block.
     PARAM=VALUE arguments override the baseline point.
     """
     from kernelforge.candidate import Candidate
-    from kernelforge.devices.registry import default_device_name, get_device
-    from kernelforge.execute.evaluate import evaluate
-    from kernelforge.result import format_seconds
+    from kernelforge.devices.registry import default_device_name
+    from kernelforge.execute.executor import make_executor
 
     point_args = tuple(n for n in names if "=" in n)
     names = tuple(n for n in names if "=" not in n)
     catalog = catalog_of(ctx)
     dtype = dtype_of(dtype_name)
-    device = get_device(device_name or default_device_name())
+    device_name = device_name or default_device_name()
+    if device_name.startswith("replay:"):
+        raise UserError("--device replay:PATH answers from a recorded search; check runs candidates: "
+                        "use --device cuda or interpret")
+    executor = make_executor(device_name, in_process=trusted)
     targets = [catalog.resolve(name) for name in names] or [catalog.baseline(b) for b in catalog.blocks]
     overrides = parse_params(point_args)
     plans = []
     for template in targets:
         block = catalog.block(template.block_id)
         shapes = block.shapes(shape_set)
-        if device.name == "interpret":
+        if executor.kind == "interpret":
             heavy = [s for s in shapes if block.counts(s, dtype).flops > INTERPRETER_FLOP_LIMIT]
             if heavy:
                 raise UserError(
@@ -61,45 +74,70 @@ def check(ctx: click.Context, names: tuple[str, ...], device_name: str | None, s
                 )
         candidate = Candidate.from_template(template, {**template.baseline, **overrides})
         plans.append((template, block, shapes, candidate))
-    device.prepare()
-    env = device.describe()
-    console.print(f"device: [bold]{env['device_name']}[/]  torch {env['torch']}  triton {env['triton']}")
-    failures = 0
-    records: list[dict[str, Any]] = []
-    for template, block, shapes, candidate in plans:
-        table = Table(title=f"{candidate.describe()}  ({dtype_name}, {device.name})", title_justify="left")
-        for column in ("shape", "status", "rel. error", "worst/tol", "time (median)", "p20-p80", "timing"):
-            table.add_column(column, justify="right" if column in ("rel. error", "worst/tol", "time (median)") else "left")
-        evaluations = evaluate(block, candidate.source, shapes, dtype, device,
-                               deterministic=template.deterministic, timed=not no_time)
-        for ev in evaluations:
-            v, t = ev.verification, ev.timing
-            failures += not v.ok
-            style = "green" if v.ok else "bold red"
-            table.add_row(
-                ev.shape.name,
-                f"[{style}]{v.status.value}[/]",
-                "-" if v.rel_error is None else f"{v.rel_error:.2e}",
-                "-" if v.excess is None else f"{v.excess:.2f}",
-                format_seconds(t.median_s) if t else "-",
-                f"{format_seconds(t.p20_s)} - {format_seconds(t.p80_s)}" if t else "-",
-                t.label if t else "",
-            )
-        console.print(table)
-        records.extend(result_record(candidate, dtype_name, ev) for ev in evaluations)
-        for ev in evaluations:
-            v = ev.verification
-            if not v.ok:
-                console.print(f"  [red]{v.status.value}[/]: {escape(v.message)}")
-                if verbose and v.traceback:
-                    console.print(f"  traceback of {ev.shape.name}:", markup=False)
-                    click.echo(v.traceback.rstrip("\n"))  # raw: a traceback must not be wrapped or marked up
+    try:
+        executor.prepare()
+        env = executor.describe()
+        _print_environment(env, trusted)
+        failures, records = 0, []
+        for template, block, shapes, candidate in plans:
+            evaluations = executor.evaluate(block, candidate.source, shapes, dtype, deterministic=template.deterministic)
+            failures += _print_evaluations(candidate, dtype_name, executor.kind, evaluations, no_time, verbose)
+            records.extend(result_record(candidate, dtype_name, ev) for ev in evaluations)
+    finally:
+        executor.close()
     if json_path:
         write_json(Path(json_path), {"environment": env, "results": records})
     if failures:
         console.print(f"[bold red]{failures} shape(s) failed[/]")
         ctx.exit(1)
     console.print("[bold green]all shapes passed[/]")
+
+
+def _print_environment(env: dict[str, Any], trusted: bool) -> None:
+    """The device line, and what isolates the candidates from this process (once)."""
+    from kernelforge.execute.sandbox import sandbox_warning
+
+    console.print(f"device: [bold]{escape(str(env['device_name']))}[/]  torch {env['torch']}  triton {env['triton']}")
+    if trusted:
+        console.print(f"[yellow]{escape(TRUSTED_WARNING)}[/]")
+        return
+    label = str(env.get("sandbox", ""))
+    console.print(f"sandbox: {escape(label)}")
+    warning = sandbox_warning(env)
+    if warning:
+        console.print(f"[yellow]warning: {escape(warning)}[/]")
+
+
+def _print_evaluations(candidate, dtype_name: str, device_name: str, evaluations: list, no_time: bool,
+                       verbose: bool) -> int:
+    """One candidate's table and failure messages (with ``verbose``, the tracebacks); returns the
+    number of shapes that failed."""
+    from kernelforge.result import format_seconds
+
+    table = Table(title=f"{candidate.describe()}  ({dtype_name}, {device_name})", title_justify="left")
+    columns = ("shape", "status", "rel. error", "worst/tol") + (() if no_time else ("time (median)", "p20-p80", "timing"))
+    for column in columns:
+        table.add_column(column, justify="right" if column in ("rel. error", "worst/tol", "time (median)") else "left")
+    failures = 0
+    for ev in evaluations:
+        v, t = ev.verification, ev.timing
+        failures += not v.ok
+        style = "green" if v.ok else "bold red"
+        row = [ev.shape.name, f"[{style}]{v.status.value}[/]", "-" if v.rel_error is None else f"{v.rel_error:.2e}",
+               "-" if v.excess is None else f"{v.excess:.2f}"]
+        if not no_time:
+            row += [format_seconds(t.median_s) if t else "-",
+                    f"{format_seconds(t.p20_s)} - {format_seconds(t.p80_s)}" if t else "-", t.label if t else ""]
+        table.add_row(*row)
+    console.print(table)
+    for ev in evaluations:
+        v = ev.verification
+        if not v.ok:
+            console.print(f"  [red]{v.status.value}[/]: {escape(v.message)}")
+            if verbose and v.traceback:
+                console.print(f"  traceback of {ev.shape.name}:", markup=False)
+                click.echo(v.traceback.rstrip("\n"))  # raw: a traceback must not be wrapped or marked up
+    return failures
 
 
 def result_record(candidate, dtype_name: str, ev) -> dict[str, Any]:

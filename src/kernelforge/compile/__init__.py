@@ -22,6 +22,8 @@ Modules, in the order the work flows:
 - :mod:`~kernelforge.compile.step`: the compile step in the current (non-interpreter) process.
 - :mod:`~kernelforge.compile.pool`: the entry points, which run the step in spawned children
   with timeouts: :func:`compile_candidate` (one candidate) and :class:`CompilePool` (background).
+- :mod:`~kernelforge.compile.sandboxed`: the search's pool for untrusted sources, whose processes
+  run in the OS sandbox of :mod:`kernelforge.execute.sandbox` (with a Triton cache of their own).
 
 Triton's own cache (``TRITON_CACHE_DIR`` or its default) is used, so compiling an unchanged kernel
 again costs about a millisecond plus the ptxas resource pass.

@@ -1,0 +1,156 @@
+"""The compile pool for untrusted sources: the search's compile pool.
+
+Compiling ahead of time runs a candidate's host code (to capture its launches), so its processes
+get the sandbox of the evaluation worker (:mod:`kernelforge.execute.sandbox`): started with an
+environment built from the allowlist (their exec environment: the search's secrets are never in
+them, not even in ``/proc/self/environ``), in a temporary folder of the pool's own, under the
+worker's address-space limit, dying with the search, and confined by Landlock and seccomp as the
+``compiler`` role (ptxas may run; nothing else may be executed, written outside the folder or
+read outside the system, Python and the kernels folders; no network).
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing.context as mp_context
+import os
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import Future, ProcessPoolExecutor
+from multiprocessing import popen_spawn_posix, reduction, spawn, util
+from pathlib import Path
+from typing import Any
+
+from kernelforge.compile.pool import CompilePool, prepare_pool_worker
+from kernelforge.compile.resources import CompileReport
+from kernelforge.compile.targets import default_target, parse_target
+from kernelforge.execute.sandbox import (Role, apply_sandbox, default_memory_limit, die_with_parent, limit_process,
+                                         sandbox_environment)
+
+
+def _spawn(path: str, args: list[str], fds: list[int], environment: dict[str, str]) -> int:
+    """``multiprocessing.util.spawnv_passfds`` with the child's environment given."""
+    child = subprocess.Popen(args, executable=path, env=environment, pass_fds=tuple(sorted(set(fds))),
+                             close_fds=True)
+    child.returncode = 0  # multiprocessing waits for this child (os.waitpid); subprocess must not
+    return child.pid
+
+
+class _EnvironmentPopen(popen_spawn_posix.Popen):
+    """The ``spawn`` start of a process (CPython's ``popen_spawn_posix.Popen._launch``, unchanged
+    since 3.8), except that the child is exec'd with ``process_obj.environment`` instead of this
+    process's environment."""
+
+    def _launch(self, process_obj: Any) -> None:
+        from multiprocessing import resource_tracker
+
+        tracker_fd = resource_tracker.getfd()
+        self._fds.append(tracker_fd)
+        prep_data = spawn.get_preparation_data(process_obj._name)
+        fp = io.BytesIO()
+        mp_context.set_spawning_popen(self)
+        try:
+            reduction.dump(prep_data, fp)
+            reduction.dump(process_obj, fp)
+        finally:
+            mp_context.set_spawning_popen(None)
+        parent_r = child_w = child_r = parent_w = None
+        try:
+            parent_r, child_w = os.pipe()
+            child_r, parent_w = os.pipe()
+            cmd = spawn.get_command_line(tracker_fd=tracker_fd, pipe_handle=child_r)
+            self._fds.extend([child_r, child_w])
+            self.pid = _spawn(spawn.get_executable(), cmd, self._fds, process_obj.environment)
+            self.sentinel = parent_r
+            with open(parent_w, "wb", closefd=False) as f:
+                f.write(fp.getbuffer())
+        finally:
+            self.finalizer = util.Finalize(self, util.close_fds, [fd for fd in (parent_r, parent_w) if fd is not None])
+            for fd in (child_r, child_w):
+                if fd is not None:
+                    os.close(fd)
+
+
+class _EnvironmentProcess(mp_context.SpawnProcess):
+    environment: dict[str, str] = {}
+
+    @staticmethod
+    def _Popen(process_obj: Any) -> _EnvironmentPopen:
+        return _EnvironmentPopen(process_obj)
+
+
+class EnvironmentSpawnContext(mp_context.SpawnContext):
+    """multiprocessing's ``spawn`` context whose processes start with exactly ``environment``."""
+
+    def __init__(self, environment: dict[str, str]):
+        super().__init__()
+        self.environment = dict(environment)
+
+    def Process(self, *args: Any, **kwargs: Any) -> _EnvironmentProcess:  # noqa: N802 - multiprocessing's name
+        process = _EnvironmentProcess(*args, **kwargs)
+        process.environment = self.environment
+        return process
+
+
+def sandboxed_pool_initializer(memory_limit: int | None, parent_pid: int, temp_dir: str,
+                               read_roots: tuple[str, ...]) -> None:
+    """Initializer of a :class:`SandboxedCompilePool` process (already started with the sandbox
+    environment): die with the search (a pool process holds its parent's stdout and a queue
+    whose write end it holds itself, so after a SIGKILLed search it would wait forever), work in
+    the pool's folder under the memory limit, import what a compile needs, then confine itself."""
+    die_with_parent(parent_pid)
+    os.chdir(temp_dir)
+    tempfile.tempdir = None  # TMPDIR is the pool's folder (spawn may have asked tempfile before)
+    limit_process(memory_limit)
+    prepare_pool_worker()
+    apply_sandbox(Role.COMPILER, temp_dir, read_roots)
+
+
+class SandboxedCompilePool(CompilePool):
+    """:class:`kernelforge.compile.pool.CompilePool` for untrusted sources: ``submit`` answers a
+    policy violation at once (a ``rejected`` compile report; nothing is run), and its processes
+    run in the sandbox (see the module docstring) before any candidate is imported.
+
+    Its processes may read the kernels folders named so far: a ``submit`` from another folder
+    starts fresh processes that may read it too (work already queued finishes in the old ones).
+    ``close``/``shutdown`` removes the pool's folder.
+    """
+
+    def __init__(self, max_workers: int | None = None, timeout: float = 120, memory_limit: int | None = None,
+                 kernels_roots: tuple[str, ...] = ()):
+        super().__init__(max_workers=max_workers, timeout=timeout)
+        self.memory_limit = default_memory_limit() if memory_limit is None else (memory_limit or None)
+        self.kernels_roots = tuple(str(Path(r).resolve()) for r in kernels_roots)
+        self._folder: str | None = None
+
+    def _new_executor(self) -> ProcessPoolExecutor:
+        if self._folder is None:
+            self._folder = tempfile.mkdtemp(prefix="kernelforge-compile-")
+        environment = sandbox_environment(self._folder, read_roots=self.kernels_roots)
+        return ProcessPoolExecutor(max_workers=self.max_workers, mp_context=EnvironmentSpawnContext(environment),
+                                   initializer=sandboxed_pool_initializer,
+                                   initargs=(self.memory_limit, os.getpid(), self._folder, self.kernels_roots))
+
+    def submit(self, source: str, block_id: str, kernels_root: Any, dtype: Any, target: str | None = None) -> Future:
+        from kernelforge.execute.policy import check_source
+
+        report = check_source(source)
+        if not report.ok:
+            tgt = parse_target(target if target is not None else default_target())
+            future: Future = Future()
+            future.set_result(CompileReport.failed(tgt.name, "rejected", report.message()))
+            return future
+        root = str(Path(kernels_root).resolve())
+        if root not in self.kernels_roots:  # the processes' sandbox cannot read it: new processes
+            self.kernels_roots += (root,)
+            if self._executor is not None:
+                self._executor.shutdown(wait=False)
+                self._executor = None
+        return super().submit(source, block_id, kernels_root, dtype, target)
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        super().shutdown(wait=wait, cancel_futures=cancel_futures)
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
