@@ -75,7 +75,8 @@ def test_the_worker_runs_without_secrets_in_its_own_directory_under_a_memory_lim
     with WorkerExecutor(InterpretDevice(), memory_limit=6 * 2**30, extra_secrets=("KF_TEST_CRED",)) as ex:
         info = ex.probe()
     for names in (info["env"], info["exec_env"]):  # os.environ and the exec environment (/proc)
-        assert "KF_TEST_PLAIN" in names
+        # An allowlist (sandbox.ENVIRONMENT_ALLOWLIST): listed names pass, an unlisted one never does.
+        assert "PATH" in names and "KF_TEST_PLAIN" not in names
         assert not {"KF_TEST_API_KEY", "KF_TEST_TOKEN", "KF_TEST_URL", "KF_TEST_CRED"} & set(names)
     assert info["cwd"] != os.getcwd() and Path(info["cwd"]).name.startswith("kernelforge-worker-")
     assert not Path(info["cwd"]).exists()  # removed on close
@@ -143,7 +144,7 @@ from kernelforge.devices.interpret import InterpretDevice
 from kernelforge.execute.worker import WorkerExecutor
 block = Catalog.discover({str(FIXTURES)!r}).block("toy/axpy")
 ex = WorkerExecutor(InterpretDevice(), run_timeout=600)
-print(ex.probe()["pid"], flush=True)
+print(ex.probe(block)["pid"], flush=True)
 ex.evaluate(block, {HANG!r}, block.shapes("check"), torch.float16)
 """)
     caller = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
@@ -173,7 +174,7 @@ def test_a_killed_search_takes_its_compile_pool_with_it(tmp_path):
     script = tmp_path / "caller.py"
     script.write_text(f"""
 import time
-from kernelforge.execute.sandbox import SandboxedCompilePool
+from kernelforge.compile.sandboxed import SandboxedCompilePool
 
 if __name__ == "__main__":  # the pool spawns processes that import this file
     pool = SandboxedCompilePool(max_workers=1)

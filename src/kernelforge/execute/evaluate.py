@@ -1,43 +1,32 @@
 """Evaluate one candidate on a list of shapes: load, verify, then time what verified.
 
-This is the device-side stage of the flow (compile -> verify -> time); an executor calls it per
-candidate (in a worker process, :mod:`kernelforge.execute.worker_main`, or in this one,
-:mod:`kernelforge.execute.inprocess`) and the search stores what it returns. Timing is skipped for
-a shape that fails verification, and what was timed is verified once more afterwards (the timing
-phase must not be a place to cheat).
+This is the trusted judge's loop (compile -> verify -> time); an executor calls it per candidate
+with a runner (:mod:`kernelforge.execute.runner`: the worker process, or this one) and the search
+stores what it returns. The candidate only ever runs through the runner; inputs, references,
+comparisons and verdicts are made here. Timing is skipped for a shape that fails verification; a
+timed round's verified call, its inputs and its wall clock are checked
+(:mod:`kernelforge.execute.timing_check`), and what was timed is verified once more afterwards (the
+timing phase must not be a place to cheat).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import traceback
-from typing import Any, Callable, Sequence
+import random
+from typing import Callable, Sequence
 
 import torch
 
 from kernelforge.block import Block, Counts, Shape
-from kernelforge.candidate import load_module, source_id
+from kernelforge.candidate import source_id
 from kernelforge.devices.base import Device
 from kernelforge.errors import UserError
-from kernelforge.execute.guard import TRACEBACK_CHARS
-from kernelforge.execute.harness import harness_changes, harness_snapshot
-from kernelforge.execute.timing import time_candidate
+# load_candidate lives with the runners; callers that import it from here keep working.
+from kernelforge.execute.runner import Entry, LocalRunner, Runner, load_candidate  # noqa: F401
+from kernelforge.execute.timing import TimingSet, make_timing_sets, time_round
+from kernelforge.execute.timing_check import check_round, replayed_inputs, timing_mismatch, with_figures
 from kernelforge.execute.verify import verify_again, verify_shape
 from kernelforge.result import Evaluation, Status, Timing, Verification
-
-
-def load_candidate(source: str, name_hint: str = "candidate") -> tuple[Any, Verification | None]:
-    """Import a rendered source; a failure to import is the candidate's compile error (with the
-    full traceback in :attr:`~kernelforge.result.Verification.traceback`)."""
-    try:
-        module = load_module(source, name_hint)
-    except Exception as exc:  # candidate code is untrusted input: any failure is data
-        return None, Verification(Status.COMPILE_ERROR, message=f"import failed: {type(exc).__name__}: {exc}"[:2000],
-                                  traceback=traceback.format_exc()[-TRACEBACK_CHARS:])
-    if not callable(getattr(module, "run", None)):
-        return None, Verification(Status.COMPILE_ERROR, message="the module defines no run(...) entry point")
-    return module, None
-
 
 #: Message prefixes a report can look for (the status stays one of the six).
 #: A timing below the device's datasheet roofline: re-verified; status ``ok`` only if that passed.
@@ -86,27 +75,36 @@ def evaluate(
     policy: bool = False,
     on_step: Callable[[str], None] | None = None,
     on_result: Callable[[Evaluation], None] | None = None,
+    runner: Runner | None = None,
+    rng: random.Random | None = None,
 ) -> list[Evaluation]:
     """Verify ``source`` on every shape and time the shapes it passes.
 
+    - ``runner`` runs the candidate (default: a :class:`~kernelforge.execute.runner.LocalRunner`
+      on ``device``, in this process); ``device`` is this side's copy of the device (where inputs
+      are allocated, its settings and ceilings);
     - ``policy``: check the source against :mod:`kernelforge.execute.policy` first (nothing of it is
       imported when it fails: status ``rejected`` on every shape);
     - ``held_out``: shapes verified (one poisoned call each, not timed) before the timed ones; a
       failure there is the candidate's status on every shape, with the message prefixed by
       :data:`HELD_OUT_FLAG`;
-    - ``recheck``: after timing a shape, one more guarded call on the timing buffers with
+    - timing: each round's verified call, its inputs and its wall clock are checked
+      (:mod:`kernelforge.execute.timing_check`; ``rng`` draws the verified call, default the
+      system's randomness);
+    - ``recheck``: after timing a shape, one more checked call on the timing buffers with
       perturbed values must pass (:func:`~kernelforge.execute.verify.verify_again`); on a GPU, timings
       below the datasheet roofline are re-verified again and flagged (:data:`ROOFLINE_FLAG`),
       and GPU work that outlives the timed events is rejected (:data:`TIMING_FLAG`);
-    - functions the harness relies on are snapshotted before the import and compared after it
-      and after every shape: a candidate that replaced one is ``rejected`` (tampering).
+    - functions the harness relies on are snapshotted where the candidate runs before the import
+      and compared after it and after every shape: a candidate that replaced one is ``rejected``
+      (tampering).
 
     ``on_step(label)`` is called when a step starts (``compile``, ``held-out SHAPE``, ``SHAPE``)
-    and ``on_result`` with each shape's evaluation as soon as it exists: the worker process
-    streams both to its parent, which times out steps and keeps results a later crash would lose.
+    and ``on_result`` with each shape's evaluation as soon as it exists.
     """
     counts = {s.name: block.counts(s, dtype) for s in shapes}
     results: list[Evaluation] = []
+    runner = runner if runner is not None else LocalRunner(device)
 
     def emit(ev: Evaluation) -> None:
         results.append(ev)
@@ -114,6 +112,7 @@ def evaluate(
             on_result(ev)
 
     def step(label: str) -> None:
+        runner.step(label)
         if on_step is not None:
             on_step(label)
 
@@ -130,26 +129,26 @@ def evaluate(
         if not report.ok:
             return fail_all(Verification(Status.REJECTED, message=report.message()))
     step("compile")
-    snapshot = harness_snapshot((f"{type(device).__name__}.time", type(device), "time"),
-                                (f"{type(block).__name__}.reference", type(block), "reference"))
 
     def tampered(when: str) -> Verification | None:
-        changed = harness_changes(snapshot)
+        changed = runner.tampering()
         if not changed:
             return None
         return Verification(Status.REJECTED, message=f"the candidate replaced {', '.join(changed[:4])} {when} "
                                                      "(tampering with the harness)")
 
-    module, failure = load_candidate(source, block.id)
+    handle, failure = runner.load(source, block.id, watch=(
+        (f"{type(device).__name__}.time", type(device), "time"),
+        (f"{type(block).__name__}.reference", type(block), "reference")))
     failure = failure or tampered("when imported")
-    if failure is not None:
-        return fail_all(failure)
-    run = module.run
+    if failure is not None or handle is None:
+        return fail_all(failure or Verification(Status.RUNTIME_ERROR, message="the candidate was not loaded"))
+    entry = Entry(runner, handle)
     for index, shape in enumerate(held_out):
         step(f"held-out {shape.name}")
         # One poisoned call on fresh inputs catches shape hard-coding; the three-call protocol
         # (determinism, caches) runs on the timed shapes.
-        verdict = verify_shape(block, run, shape, dtype, device.torch_device, seed=101 + index,
+        verdict = verify_shape(block, entry, shape, dtype, device.torch_device, seed=101 + index,
                                deterministic=deterministic, calls=1)
         bad = tampered(f"while verifying {shape.name}")
         if bad is not None:
@@ -158,11 +157,12 @@ def evaluate(
             return fail_all(dataclasses.replace(verdict, message=f"{HELD_OUT_FLAG} {verdict.message}"[:2000]))
     for index, shape in enumerate(shapes):
         step(shape.name)
-        verdict = verify_shape(block, run, shape, dtype, device.torch_device, seed=index, deterministic=deterministic)
+        verdict = verify_shape(block, entry, shape, dtype, device.torch_device, seed=index,
+                               deterministic=deterministic)
         timing = None
         if verdict.ok and timed:
-            verdict, timing = _time_and_recheck(block, run, shape, dtype, device, counts[shape.name], verdict,
-                                                recheck=recheck, seed=index)
+            verdict, timing = _time_and_recheck(block, entry, shape, dtype, device, counts[shape.name], verdict,
+                                                recheck=recheck, seed=index, rng=rng)
         bad = tampered(f"while evaluating {shape.name}")
         if bad is not None:
             verdict, timing = bad, None
@@ -174,56 +174,91 @@ def evaluate(
     return results
 
 
-def _time_and_recheck(block: Block, run, shape: Shape, dtype: torch.dtype, device: Device, counts: Counts,
-                      verdict: Verification, *, recheck: bool, seed: int) -> tuple[Verification, Timing | None]:
-    sets: list = []
-    try:
-        timing = time_candidate(block, run, shape, dtype, device, counts, sets=sets)
-    except Exception as exc:  # a crash while timing is the candidate's runtime error
-        return Verification(Status.RUNTIME_ERROR, verdict.rel_error, verdict.excess, verdict.checks,
-                            f"{shape.name}: while timing: {type(exc).__name__}: {exc}"[:2000],
-                            traceback=traceback.format_exc()[-TRACEBACK_CHARS:]), None
-    if not recheck:
-        return verdict, timing
-    inputs, outputs = sets[0]
-    again = verify_again(block, run, shape, dtype, device.torch_device, inputs, outputs, seed=7000 + seed)
-    if not again.ok:
-        return again, None
+def _timed(block: Block, entry: Entry, shape: Shape, dtype: torch.dtype, device: Device,
+           rng: random.Random | None) -> tuple[Verification | None, Timing | None, list[TimingSet], float]:
+    """One checked timing round: (failure or None, the timing with the round's figures, the
+    sets, the trusted wall clock of the round)."""
+    sets = make_timing_sets(block, shape, dtype, device, entry.runner)
+    done = time_round(block, entry, shape, dtype, device, sets, rng=rng)
+    failure = check_round(block, shape, dtype, device, sets, done)
+    timing = with_figures(done.timing, done) if done.timing is not None else None
+    return failure, timing, sets, done.wall_s
+
+
+def _time_and_recheck(block: Block, entry: Entry, shape: Shape, dtype: torch.dtype, device: Device, counts: Counts,
+                      verdict: Verification, *, recheck: bool, seed: int,
+                      rng: random.Random | None) -> tuple[Verification, Timing | None]:
+    failure, timing, sets, wall = _timed(block, entry, shape, dtype, device, rng)
+    if failure is not None:
+        if failure.rel_error is None:  # the candidate raised, or broke a rule, while timed
+            failure = dataclasses.replace(failure, rel_error=verdict.rel_error, excess=verdict.excess,
+                                          checks=verdict.checks)
+        return failure, None
+    assert timing is not None
+    checks = verdict.checks + 1
+    if recheck:
+        first = sets[0]
+        inplace = tuple(block.inplace)
+        state = replayed_inputs(first, 0, len(sets), -1, inplace)  # the set's own values, untouched
+        again = verify_again(block, entry, shape, dtype, device.torch_device, first.shared, first.outputs,
+                             seed=7000 + seed, state=state)
+        if not again.ok:
+            return again, None
+        checks += 1
     if timing.extra.get("event_wall_mismatch"):
-        return Verification(Status.REJECTED, verdict.rel_error, verdict.excess, verdict.checks + 1,
+        return Verification(Status.REJECTED, verdict.rel_error, verdict.excess, checks,
                             f"{TIMING_FLAG} {shape.name}: the GPU was busy {timing.extra['drain_s'] * 1e6:.1f} us after "
                             f"the call returned while the events timed {timing.median_s * 1e6:.1f} us per call: work "
                             "the timed stream does not see (a side stream?)"), None
+    mismatch = timing_mismatch(shape, timing, wall, device, verdict.rel_error, verdict.excess, checks)
+    if mismatch is not None:
+        return mismatch, None
     ceilings = device.ceilings() if timing.is_gpu else None
-    if ceilings is not None:
+    if ceilings is not None and recheck:
         roofline = ceilings.roofline_seconds(counts.flops, counts.bytes)
         if timing.median_s < roofline:
-            third = verify_again(block, run, shape, dtype, device.torch_device, inputs, outputs, seed=9000 + seed,
-                                 label="roofline re-check")
+            first = sets[0]
+            third = verify_again(block, entry, shape, dtype, device.torch_device, first.shared, first.outputs,
+                                 seed=9000 + seed, label="roofline re-check",
+                                 state=replayed_inputs(first, 0, len(sets), -1, tuple(block.inplace)))
             note = (f"{ROOFLINE_FLAG} {shape.name}: median {timing.median_s * 1e6:.2f} us is below the "
                     f"{ceilings.name} datasheet roofline of {roofline * 1e6:.2f} us")
             if not third.ok:
-                return Verification(third.status, third.rel_error, third.excess, verdict.checks + 2,
+                return Verification(third.status, third.rel_error, third.excess, checks + 1,
                                     f"{note}; re-verification failed: {third.message}"[:2000],
                                     traceback=third.traceback), None
-            return Verification(Status.OK, verdict.rel_error, verdict.excess, verdict.checks + 2,
+            return Verification(Status.OK, verdict.rel_error, verdict.excess, checks + 1,
                                 f"{note}; re-verified on perturbed inputs: the timing is suspect"), timing
-    return Verification(verdict.status, max(verdict.rel_error or 0.0, again.rel_error or 0.0), verdict.excess,
-                        verdict.checks + 1, verdict.message), timing
+    return Verification(verdict.status, verdict.rel_error, verdict.excess, checks, verdict.message), timing
 
 
 def pair_speedups(block: Block, baseline_source: str, candidate_source: str, shape: Shape, dtype: torch.dtype,
-                  device: Device, pairs: int) -> list[float]:
+                  device: Device, pairs: int, *, runner: Runner | None = None,
+                  rng: random.Random | None = None) -> list[float]:
     """Interleaved baseline/candidate timings on one shape: the speedup of each pair (drift of the
-    machine between pairs cancels within a pair). Empty when either source fails to load."""
-    base_module, base_failure = load_candidate(baseline_source, block.id)
-    cand_module, cand_failure = load_candidate(candidate_source, block.id)
-    if base_failure is not None or cand_failure is not None:
+    machine between pairs cancels within a pair). Every round is checked as in :func:`evaluate`
+    (its verified call, inputs and wall clock), after one verification call of each source on the
+    shape (which also warms its kernels). Empty when either source fails to load or any check
+    fails: the candidate is then not confirmed."""
+    runner = runner if runner is not None else LocalRunner(device)
+    entries = []
+    for source in (baseline_source, candidate_source):
+        handle, failure = runner.load(source, block.id)
+        if failure is not None or handle is None:
+            return []
+        entries.append(Entry(runner, handle))
+    if runner.tampering():
         return []
-    counts = block.counts(shape, dtype)
+    for entry in entries:
+        if not verify_shape(block, entry, shape, dtype, device.torch_device, seed=0, calls=1).ok:
+            return []
     speedups = []
     for _ in range(pairs):
-        base = time_candidate(block, base_module.run, shape, dtype, device, counts)
-        cand = time_candidate(block, cand_module.run, shape, dtype, device, counts)
-        speedups.append(base.median_s / cand.median_s)
-    return speedups
+        times = []
+        for entry in entries:
+            failure, timing, _, wall = _timed(block, entry, shape, dtype, device, rng)
+            if failure is not None or timing is None or timing_mismatch(shape, timing, wall, device, None, None, 0):
+                return []
+            times.append(timing.median_s)
+        speedups.append(times[0] / times[1])
+    return speedups if not runner.tampering() else []

@@ -1,14 +1,18 @@
-"""One guarded call of a candidate, and the checks made around it (EVALUATION.md #5, #6, #11, #14).
+"""One call of a candidate, and the checks made around it by the process that runs it
+(EVALUATION.md #5, #6, #11, #14).
 
-:func:`guarded_call` runs ``run(**inputs, **outputs)`` once and then requires that a Triton kernel
-was launched (no torch fallback); that every tensor the candidate writes (outputs and in-place
-inputs) is still the same tensor (exact type, pointer, shape, strides, dtype, device); that a
-byte fingerprint of each, taken when the call returns, equals one taken after a full device
-synchronisation (work deferred to another stream or thread shows up here); that no thread is left
-running; and that the host code did not compute with torch on floating-point tensors (a
+:func:`run_call` runs ``run(**args)`` once and then requires that a Triton kernel was launched (no
+torch fallback); that every tensor the candidate writes (outputs and in-place inputs) is still the
+same tensor (exact type, pointer, shape, strides, dtype, device); that no thread is left running;
+and that the host code did not compute with torch on floating-point tensors (a
 ``TorchDispatchMode`` watches every torch operation outside Triton launches: allocation, copies,
-views and integer index arithmetic are allowed, ``x * alpha + y`` is not). A failed check raises
-:class:`Rejected` with the candidate's status.
+views and integer index arithmetic are allowed, ``x * alpha + y`` is not). What failed is a
+:class:`CallReport`; :func:`settle` is the full device synchronisation that follows.
+
+These checks run where the candidate runs (the worker), so a candidate could defeat them: they are
+extra signals that can only make a verdict worse. The verdict itself is made by the trusted side
+(:mod:`kernelforge.execute.verify`), from the bytes the call wrote, read once when the call
+returned and again after :func:`settle` (work deferred to another stream or thread shows there).
 """
 
 from __future__ import annotations
@@ -16,11 +20,12 @@ from __future__ import annotations
 import threading
 import traceback
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
-from kernelforge.execute.fingerprint import fingerprint, synchronize
+from kernelforge.execute.fingerprint import synchronize
 from kernelforge.result import Status
 
 RunFn = Callable[..., Any]
@@ -88,7 +93,9 @@ def count_launches(guard: "HostComputeGuard | None" = None) -> Iterator[list[int
 
 
 #: Host-side torch operations allowed on floating-point tensors: allocation, fills, copies and
-#: dtype conversions, views, concatenation, reads. Anything else on a floating-point tensor outside
+#: dtype conversions, views, concatenation. Reading values into Python numbers
+#: (``_local_scalar_dense``: ``float(t)``, ``.item()``) is not: the host would compute the result
+#: with Python arithmetic (issue 10). Anything else on a floating-point tensor outside
 #: a Triton launch is the candidate computing (part of) its result with torch (EVALUATION.md #6).
 FLOAT_HOST_OPS = frozenset({
     "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like",
@@ -96,7 +103,7 @@ FLOAT_HOST_OPS = frozenset({
     "copy_", "clone", "_to_copy", "lift_fresh", "lift_fresh_copy", "detach", "alias", "view",
     "_unsafe_view", "reshape", "_reshape_alias", "as_strided", "transpose", "t", "permute", "expand",
     "select", "slice", "unsqueeze", "squeeze", "unbind", "split", "split_with_sizes", "chunk", "narrow",
-    "view_as", "cat", "stack", "_local_scalar_dense", "index_select", "index", "gather", "resolve_conj",
+    "view_as", "cat", "stack", "index_select", "index", "gather", "resolve_conj",
     "resolve_neg", "is_same_size", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset",
 })
 
@@ -157,39 +164,63 @@ def identity(tensor: torch.Tensor) -> tuple:
             tensor.device)
 
 
-def guarded_call(run: RunFn, inputs: Mapping[str, Any], outputs: Mapping[str, torch.Tensor],
-                 watched: Mapping[str, torch.Tensor], device: torch.device, label: Callable[[str], str]) -> None:
-    """Call ``run(**inputs, **outputs)`` once under every check of the module docstring.
+@dataclass(frozen=True)
+class CallReport:
+    """What the side that ran a call saw (the worker, or this process in-process): ``status`` None
+    when every check there passed, else the candidate's status with a one-line ``message`` (about
+    the written tensor ``name`` when it concerns one) and the traceback of its exception.
 
-    ``watched`` are the tensors the candidate writes, by name (the outputs and the in-place
-    inputs); ``label(name)`` prefixes a message about one of them. Raises :class:`Rejected`.
+    It can only make a verdict worse: an ``ok`` report is never a verdict, the trusted side still
+    compares what the call wrote (:mod:`kernelforge.execute.verify`).
     """
-    before = {name: identity(tensor) for name, tensor in watched.items()}
+
+    status: Status | None = None
+    message: str = ""
+    name: str | None = None
+    traceback: str = field(default="", repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.status is None
+
+    @classmethod
+    def of(cls, rejected: Rejected, name: str | None = None) -> "CallReport":
+        return cls(rejected.status, str(rejected), name, rejected.traceback)
+
+
+def run_call(run: RunFn, args: Mapping[str, Any], watched: Sequence[str], device: torch.device) -> CallReport:
+    """Call ``run(**args)`` once under the checks of the module docstring that need the calling
+    process (a launch counted, the written tensors ``watched`` still the same tensors, no thread
+    left running, no torch compute on the host), and report what failed first. The candidate's
+    exception is its ``runtime_error``; nothing raises."""
+    before = {name: identity(args[name]) for name in watched}
     threads_before = threading.active_count()
     guard = HostComputeGuard()
     with count_launches(guard) as launches:
         try:
             with guard:
-                run(**inputs, **outputs)
+                run(**args)
         except Exception as exc:  # the candidate's failure is data, not a crash of the harness
-            raise raised(exc) from None
-    try:
-        early = {name: fingerprint(tensor) for name, tensor in watched.items()}
-        synchronize(device)
-        late = {name: fingerprint(tensor) for name, tensor in watched.items()}
-    except Exception as exc:  # an asynchronous fault of the candidate's kernels (CUDA error) surfaces here
-        raise raised(exc) from None
+            return CallReport.of(raised(exc))
     if launches[0] == 0:
-        raise Rejected(Status.REJECTED, "no Triton kernel was launched (fallback to another implementation?)")
-    for name, tensor in watched.items():
-        if type(tensor) is not torch.Tensor or identity(tensor) != before[name]:
-            raise Rejected(Status.REJECTED, f"{label(name)}the output tensor was replaced, resized or re-typed")
+        return CallReport(Status.REJECTED, "no Triton kernel was launched (fallback to another implementation?)")
     for name in watched:
-        if not torch.equal(early[name], late[name]):
-            raise Rejected(Status.REJECTED, f"{label(name)}output changed after the call returned (work deferred "
-                                            "to another stream or thread)")
+        tensor = args[name]
+        if type(tensor) is not torch.Tensor or identity(tensor) != before[name]:
+            return CallReport(Status.REJECTED, "the output tensor was replaced, resized or re-typed", name)
     if threading.active_count() > threads_before:
-        raise Rejected(Status.REJECTED, "the candidate left background threads running")
+        return CallReport(Status.REJECTED, "the candidate left background threads running")
     if guard.violation is not None:
-        raise Rejected(Status.REJECTED, f"host code computed with torch ({guard.violation}); torch may only "
-                                        "allocate, copy, view and index on the host: compute in a Triton kernel")
+        return CallReport(Status.REJECTED, f"host code computed with torch ({guard.violation}); torch may only "
+                                           "allocate, copy, view and index on the host: compute in a Triton kernel")
+    return CallReport()
+
+
+def settle(device: torch.device) -> CallReport:
+    """Wait for all work of the call on ``device`` (every stream): an asynchronous fault of the
+    candidate's kernels (a CUDA error) surfaces here, as its ``runtime_error``."""
+    try:
+        synchronize(device)
+    except Exception as exc:
+        return CallReport.of(raised(exc))
+    return CallReport()

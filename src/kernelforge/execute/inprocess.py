@@ -9,17 +9,25 @@ import torch
 from kernelforge.block import Block, Shape
 from kernelforge.devices.base import Device
 from kernelforge.execute.evaluate import evaluate, held_out_shapes, pair_speedups
+from kernelforge.execute.runner import LocalRunner
 from kernelforge.result import Evaluation
+
+#: What results of this executor record as their sandbox.
+IN_PROCESS_SANDBOX = "none: in-process (trusted code only)"
 
 
 class InProcessExecutor:
     """Evaluates candidates in this process: an :class:`~kernelforge.execute.executor.Executor`
-    for trusted templates, debugging (``--in-process``) and tests. A crash or hang of a candidate
-    takes this process with it; untrusted code runs through
+    for trusted templates, debugging (``--in-process``, ``--trusted``) and tests. The judge is the
+    same as the worker's (:func:`~kernelforge.execute.evaluate.evaluate`), with the candidate
+    called by a :class:`~kernelforge.execute.runner.LocalRunner` in this process: nothing is
+    isolated, so a candidate that patches this process can change its verdict, and a crash or hang
+    takes this process with it. Untrusted code runs through
     :class:`kernelforge.execute.worker.WorkerExecutor`.
 
     The static policy is still applied (``policy=False`` turns it off, for tests of the run-time
-    defenses), as are the held-out shapes and the post-timing re-check.
+    defenses), as are the held-out shapes, the checks of the timed calls and the post-timing
+    re-check.
     """
 
     runs_code = True
@@ -39,15 +47,16 @@ class InProcessExecutor:
         self.device.prepare()
 
     def describe(self) -> dict[str, Any]:
-        """The device's environment (name, versions, timing method) results are stored under."""
-        return self.device.describe()
+        """The device's environment (name, versions, timing method) results are stored under, and
+        ``sandbox``: none (candidates run in this process)."""
+        return {**self.device.describe(), "sandbox": IN_PROCESS_SANDBOX}
 
     def evaluate(self, block: Block, source: str, shapes: list[Shape], dtype: torch.dtype, *,
                  deterministic: bool = True) -> list[Evaluation]:
         """Verify and time ``source`` on ``shapes`` (see :func:`~kernelforge.execute.evaluate.evaluate`)."""
         extra = held_out_shapes(block, shapes, source, self.device.name) if self.held_out else []
         return evaluate(block, source, shapes, dtype, self.device, deterministic=deterministic, held_out=extra,
-                        policy=self.policy)
+                        policy=self.policy, runner=LocalRunner(self.device))
 
     def pair_speedups(self, block: Block, baseline_source: str, candidate_source: str, shape: Shape,
                       dtype: torch.dtype, pairs: int) -> list[float]:

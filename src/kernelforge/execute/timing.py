@@ -1,24 +1,32 @@
-"""Timing one verified candidate on one shape: input sets, per-call value changes, in-place resets.
+"""Timing one verified candidate on one shape, from the trusted side: input sets, the round, the
+wall clock around it.
 
-The device times the calls (:meth:`kernelforge.devices.base.Device.time`); this module makes them:
-freshly generated input sets rotated so the L2 cache never holds the inputs, outputs allocated
-once per set, one input value changed before every call (a cache keyed on input values never
-hits, EVALUATION.md #4), and the block's in-place inputs restored from a copy before every call
-when the block asks for it (:attr:`~kernelforge.block.Block.inplace_reset`), so every timed call
-does the same work. What runs before a call is outside the timed region.
+The device times the calls (:meth:`kernelforge.devices.base.Device.time`) where the candidate runs
+(:mod:`kernelforge.execute.timed_calls`); this module makes the round: freshly generated input sets
+(rotated so the L2 cache never holds the inputs, outputs allocated once per set), placed in memory
+shared with the runner while the trusted side keeps pristine private copies; the call of the round
+whose outputs are copied aside for verification, drawn at random (:func:`time_round`); and the
+trusted side's own wall clock around the round, which :mod:`kernelforge.execute.timing_check`
+holds the reported figures against.
 """
 
 from __future__ import annotations
 
 import math
+import random
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from kernelforge.block import Block, Counts, Shape
 from kernelforge.devices.base import Device
-from kernelforge.execute.contract import allocate
-from kernelforge.execute.guard import RunFn
+from kernelforge.execute.contract import Outputs, allocate
+from kernelforge.execute.fingerprint import poison
+from kernelforge.execute.guard import CallReport, RunFn
+from kernelforge.execute.runner import Entry, LocalRunner, Runner
+from kernelforge.execute.timed_calls import TimingJob
 from kernelforge.result import Timing
 
 #: Input sets are rotated while timing so the L2 cache never holds the inputs; beyond this many,
@@ -26,18 +34,34 @@ from kernelforge.result import Timing
 MAX_INPUT_SETS = 8
 INPUT_SET_MEMORY_BUDGET = 16 * 2**30
 
-#: One timing set: the inputs of a call and its outputs by name.
-TimingSet = tuple[dict[str, Any], dict[str, torch.Tensor]]
+
+@dataclass(frozen=True)
+class TimingSet:
+    """One input set of a round: ``inputs`` is the trusted side's private copy as generated
+    (scalars included); ``shared`` is what the candidate is called with (the same values in
+    shared tensors, and the scalars); ``outputs`` are the shared outputs."""
+
+    inputs: dict[str, Any]
+    shared: dict[str, Any]
+    outputs: dict[str, torch.Tensor]
 
 
-def touch_inputs(inputs: dict[str, Any], call: int) -> None:
-    """Change one element of each floating-point input tensor of a timing set, in place (its sign),
-    before every call of a timing phase: identical inputs never come back, so a cache keyed on the
-    input values misses every time (EVALUATION.md #4) and what is timed is the computation."""
-    for tensor in inputs.values():
-        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.numel() and tensor.is_contiguous():
-            flat = tensor.view(-1)
-            flat[(call * 7919 + 13) % flat.numel()].neg_()
+@dataclass(frozen=True)
+class TimedRound:
+    """What one timing round gave the trusted side: the runner's ``timing`` and ``report``, the
+    trusted ``wall_s`` around the round, how many calls the runner ``prepared``, the ``chosen``
+    preparation whose call was copied aside (from input set ``copied_set``; None: never made),
+    and private copies of that call's results (``aside``: outputs and in-place inputs) and, for a
+    block that does not reset its in-place inputs, of those inputs before it (``inplace_before``)."""
+
+    timing: Timing | None
+    report: CallReport
+    wall_s: float
+    prepared: int
+    chosen: int
+    copied_set: int | None
+    aside: dict[str, torch.Tensor]
+    inplace_before: dict[str, torch.Tensor]
 
 
 def input_set_count(counts: Counts, device: Device) -> int:
@@ -51,33 +75,74 @@ def input_set_count(counts: Counts, device: Device) -> int:
     return 1 if device.name == "interpret" else n_sets
 
 
-def time_candidate(block: Block, run: RunFn, shape: Shape, dtype: torch.dtype, device: Device, counts: Counts, *,
-                   sets: list[TimingSet] | None = None) -> Timing:
-    """Time ``run`` on ``shape`` (see the module docstring). The timing sets (inputs, outputs)
-    are appended to ``sets`` when a list is given (for
-    :func:`~kernelforge.execute.verify.verify_again`).
+def verified_span(device: Device) -> int:
+    """The calls of a round among which the verified one is drawn: those the device always makes
+    right after a preparation of the same input set. In the interpreter every call of the round
+    (warm-up and timed: one input set, prepared before each); on a GPU the warm-up calls (later
+    loops may call a set other than the one just prepared, and CUDA-graph replays run no host
+    code). At least the first call."""
+    warmup = int(getattr(device, "warmup", 0) or 0)
+    if device.name == "interpret":
+        return max(1, warmup + int(getattr(device, "repeats", 0) or 0))
+    return max(1, warmup)
 
-    Before call ``i`` the device runs the preparation of set ``i % len(sets)``: its in-place
-    inputs are restored (when the block resets them) and one input value changes. The device
-    counts ``i`` over all its calls but picks the set to call by the index within its current
-    loop, so these can differ by a constant: still, within a loop every set is prepared once
-    between two of its calls (with one set, before every call). CUDA-graph replays run no host
-    code at all: there the in-place inputs keep being updated (the same work on drifting values).
-    """
-    made: list[TimingSet] = []
-    saved: list[dict[str, torch.Tensor]] = []
-    for i in range(input_set_count(counts, device)):
+
+def make_timing_sets(block: Block, shape: Shape, dtype: torch.dtype, device: Device, runner: Runner) -> list[TimingSet]:
+    """Fresh input sets of a round (seeds 1000, 1001, ...), each placed in shared memory with its
+    outputs; the trusted side keeps the generated tensors as its pristine copies."""
+    made = []
+    count = input_set_count(block.counts(shape, dtype), device)
+    for i in range(count):
         inputs = block.make_inputs(shape, dtype, device.torch_device, seed=1000 + i)
-        made.append((inputs, allocate(block, shape, dtype, device.torch_device)))
-        saved.append({name: inputs[name].clone() for name in block.inplace} if block.inplace_reset else {})
+        shared = {name: runner.share(value) if isinstance(value, torch.Tensor) else value
+                  for name, value in inputs.items()}
+        outputs = {name: runner.share(tensor, values=False)
+                   for name, tensor in allocate(block, shape, dtype, device.torch_device).items()}
+        made.append(TimingSet(inputs, shared, outputs))
+    return made
+
+
+def time_round(block: Block, entry: Entry, shape: Shape, dtype: torch.dtype, device: Device, sets: list[TimingSet],
+               *, rng: random.Random | None = None) -> TimedRound:
+    """One timing round of ``entry`` on ``sets``, with the trusted side's wall clock around it.
+
+    The verified call is drawn from :func:`verified_span` with ``rng`` (default: the system's
+    randomness, so nothing in the candidate's process can know it). Its outputs and in-place
+    inputs are copied into shared buffers poisoned here, and read back privately afterwards.
+    """
+    runner = entry.runner
+    spec = Outputs.of(block, sets[0].shared, sets[0].outputs)
+    chosen = (rng or random.SystemRandom()).randrange(verified_span(device))
+    like = spec.watched(sets[0].shared, sets[0].outputs)
+    aside = {name: runner.share(tensor, values=False) for name, tensor in like.items()}
+    for tensor in aside.values():
+        poison(tensor)
+    before = {} if block.inplace_reset else {name: runner.share(sets[0].shared[name], values=False)
+                                             for name in spec.inplace}
+    job = TimingJob(tuple({**s.shared, **s.outputs} for s in sets), spec.names, spec.inplace, block.inplace_reset,
+                    chosen, aside, before, int(block.counts(shape, dtype).bytes))
+    start = time.perf_counter()
+    answer = runner.time(entry.handle, job)
+    wall = time.perf_counter() - start
+    return TimedRound(answer.timing, answer.report, wall, answer.prepared, chosen, answer.copied_set,
+                      {name: runner.snapshot(t) for name, t in aside.items()},
+                      {name: runner.snapshot(t) for name, t in before.items()})
+
+
+def time_candidate(block: Block, run: RunFn | Entry, shape: Shape, dtype: torch.dtype, device: Device, counts: Counts,
+                   *, sets: list | None = None) -> Timing:
+    """Time ``run`` (a function of this process, or a loaded :class:`~kernelforge.execute.runner.Entry`)
+    on ``shape`` and return the device's timing, unchecked (the judge uses :func:`time_round`
+    and :mod:`kernelforge.execute.timing_check`). The timing sets (shared inputs, outputs) are
+    appended to ``sets`` when a list is given. A candidate that raises raises ``RuntimeError``.
+
+    ``counts`` is kept for callers of the earlier signature (the round reads the block's).
+    """
+    entry = LocalRunner.entry(run, device.torch_device, device)
+    made = make_timing_sets(block, shape, dtype, device, entry.runner)
     if sets is not None:
-        sets.extend(made)
-    calls = [lambda inputs=inputs, outputs=outputs: run(**inputs, **outputs) for inputs, outputs in made]
-
-    def before(i: int) -> None:
-        inputs = made[i % len(made)][0]
-        for name, copy in saved[i % len(made)].items():
-            inputs[name].copy_(copy)
-        touch_inputs(inputs, i)
-
-    return device.time(calls, working_set_bytes=int(counts.bytes), before=before)
+        sets.extend((s.shared, s.outputs) for s in made)
+    done = time_round(block, entry, shape, dtype, device, made)
+    if done.timing is None:
+        raise RuntimeError(done.report.message)
+    return done.timing

@@ -1,29 +1,40 @@
-"""Verification of a candidate against its block's reference, with the defenses of EVALUATION.md.
+"""The trusted judge of one shape: a candidate against its block's reference, with the defenses of
+EVALUATION.md.
 
-For each shape, three calls of the candidate, each a :func:`~kernelforge.execute.guard.guarded_call`
-(a Triton kernel launched; outputs still the same tensors; no work deferred past the return; no
-thread left running; no torch compute on the host):
+Everything here runs in the trusted process. The candidate is called only through a runner
+(:mod:`kernelforge.execute.runner`: in the worker process, on tensors in memory shared with this
+one; or in this process for debugging), and what it wrote is read back as raw bytes into private
+memory the candidate cannot reach. Inputs are drawn here (seeded ``make_inputs``), pristine copies
+stay here, the reference is computed here from them, and the expected output never exists where
+the candidate runs.
+
+For each shape, three calls of the candidate (:func:`checked_call`: the runner's checks of
+:func:`~kernelforge.execute.guard.run_call`, then the bytes read when the call returned and again
+after a full device synchronisation must agree, and every input that is not in place must come
+back bit for bit):
 
 1. fresh inputs, outputs poisoned (:func:`~kernelforge.execute.fingerprint.poison`: NaN, or a
-   sentinel for integer outputs) and the allocator's free memory poisoned too, so a kernel that
-   reads uninitialised or freed memory sees NaN; the candidate runs *before* the reference, which
-   is computed afterwards from an untouched copy of the inputs;
+   sentinel for integer outputs) and, where the candidate runs, the allocator's free memory
+   poisoned too, so a kernel that reads uninitialised or freed memory sees NaN; the candidate
+   runs *before* the reference, which is computed afterwards from the pristine copy of the inputs;
 2. the same inputs again (in-place inputs restored to their values before call 1) into fresh
    poisoned outputs: the results must be bit-identical (uninitialised memory and races show up);
 3. new values written *in place* into the same input tensors (same pointers, same shapes) with a
    different value distribution: catches results cached by pointer, shape or id. Its outputs are
-   fresh but hold call 1's results instead of poison, as the outputs of every timed call hold the
-   previous call's: a candidate that skips the work when its output already looks written (it
-   detects the timing phase, EVALUATION.md #16) is left with stale results here.
+   fresh but hold call 1's results instead of poison: a candidate that skips the work when its
+   output already looks written is left with stale results here (the timed calls, freshly
+   poisoned, are verified too: :mod:`kernelforge.execute.timing_check`).
 
-After every call every other input must be bitwise unchanged, and every output and in-place input
-is compared with the block's reference (:mod:`kernelforge.execute.compare`: floating point within
-the tolerance, integers exactly; NaN or Inf never passes). The same defenses apply to every output
-and every in-place input (:class:`~kernelforge.execute.contract.Outputs`), and a failure's message
-names the output.
+After every call every output and in-place input is compared with the block's reference
+(:mod:`kernelforge.execute.compare`: floating point within the tolerance, integers exactly; NaN or
+Inf never passes). The same defenses apply to every output and every in-place input
+(:class:`~kernelforge.execute.contract.Outputs`), and a failure's message names the output.
 
 :func:`verify_again` re-checks a candidate on the very buffers it was timed with after perturbing
 their values (phase detection, caches), for :mod:`kernelforge.execute.evaluate`.
+
+Every function taking ``run`` accepts a function of this process (called here, for tests and
+debugging) or a loaded :class:`~kernelforge.execute.runner.Entry`.
 """
 
 from __future__ import annotations
@@ -35,8 +46,9 @@ import torch
 from kernelforge.block import DISTRIBUTIONS, Block, HarnessError, Shape
 from kernelforge.execute.compare import check, check_reference_spread
 from kernelforge.execute.contract import Outputs, allocate
-from kernelforge.execute.fingerprint import bits_equal, poison, poison_free_memory
-from kernelforge.execute.guard import Rejected, RunFn, guarded_call
+from kernelforge.execute.fingerprint import bits_equal, poison
+from kernelforge.execute.guard import CallReport, Rejected, RunFn
+from kernelforge.execute.runner import Entry, LocalRunner
 from kernelforge.result import Status, Verification
 
 
@@ -72,8 +84,10 @@ def judge(block: Block, spec: Outputs, got: Mapping[str, torch.Tensor], ref: Map
     return worst_rel, worst_excess, ""
 
 
-def _expected(block: Block, spec: Outputs, inputs: Mapping[str, Any], pristine: Mapping[str, torch.Tensor],
-              got: Mapping[str, torch.Tensor], where: str) -> dict[str, torch.Tensor]:
+def expected_outputs(block: Block, spec: Outputs, inputs: Mapping[str, Any], pristine: Mapping[str, torch.Tensor],
+                     got: Mapping[str, torch.Tensor], where: str) -> dict[str, torch.Tensor]:
+    """The block's reference by name, computed from copies of the ``pristine`` tensors (and the
+    scalars of ``inputs``), each checked to have a spread the comparison can use."""
     ref = spec.expected(block, {**inputs, **_clones(pristine)}, got)
     for name, tensor in ref.items():
         check_reference_spread(tensor, f"{where} {name}" if spec.named else where)
@@ -86,26 +100,43 @@ def _unchanged(spec: Outputs, inputs: Mapping[str, Any], pristine: Mapping[str, 
             raise Rejected(Status.REJECTED, f"{label}the candidate modified its input {name!r}")
 
 
-def _call(run: RunFn, spec: Outputs, inputs: dict[str, Any], pristine: dict[str, torch.Tensor],
-          outputs: dict[str, torch.Tensor], device: torch.device, label: str,
-          prefill: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-    """One verification call into ``outputs``: poisoned (or, with ``prefill``, holding those
-    values), the in-place inputs restored first; returns what the call wrote, by name."""
+def _raise(report: CallReport, spec: Outputs) -> None:
+    if not report.ok:
+        prefix = spec.label(report.name) if report.name else ""
+        raise Rejected(report.status, prefix + report.message, report.traceback)
+
+
+def checked_call(entry: Entry, spec: Outputs, inputs: dict[str, Any], pristine: Mapping[str, torch.Tensor],
+                 outputs: dict[str, torch.Tensor], label: str,
+                 prefill: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """One verification call of ``entry`` with the shared ``inputs`` (tensors and scalars) into
+    the shared ``outputs``: the in-place inputs restored from ``pristine`` and the outputs poisoned
+    (or, with ``prefill``, holding those values) first. Returns private copies of what the call
+    wrote (outputs and in-place inputs, by name), read when the runner said the call returned;
+    raises :class:`~kernelforge.execute.guard.Rejected` when a check fails.
+    """
+    runner = entry.runner
     spec.restore(inputs, pristine)
-    poison_free_memory(device, [t.numel() * t.element_size() for t in outputs.values()])
     for name, tensor in outputs.items():
         if prefill is None:
             poison(tensor)
         else:
             tensor.copy_(prefill[name])
-    guarded_call(run, inputs, outputs, spec.watched(inputs, outputs), device, spec.label)
+    watched = spec.watched(inputs, outputs)
+    _raise(runner.call(entry.handle, {**inputs, **outputs}, tuple(watched)), spec)
+    early = {name: runner.snapshot(tensor) for name, tensor in watched.items()}
+    _raise(runner.sync(), spec)
+    for name, tensor in watched.items():
+        if not bits_equal(runner.snapshot(tensor), early[name]):
+            raise Rejected(Status.REJECTED, f"{spec.label(name)}output changed after the call returned (work deferred "
+                                            "to another stream or thread)")
     _unchanged(spec, inputs, pristine, label)
-    return spec.results(inputs, outputs)
+    return early
 
 
 def verify_shape(
     block: Block,
-    run: RunFn,
+    run: RunFn | Entry,
     shape: Shape,
     dtype: torch.dtype,
     device: str | torch.device,
@@ -122,6 +153,8 @@ def verify_shape(
     breaks its contract raises :class:`~kernelforge.block.HarnessError`.
     """
     device = torch.device(device)
+    entry = LocalRunner.entry(run, device)
+    runner = entry.runner
     if distributions is None:
         # Rotate distributions by seed so a shape set covers all of them across its shapes.
         first = DISTRIBUTIONS[seed % len(DISTRIBUTIONS)]
@@ -136,15 +169,17 @@ def verify_shape(
 
     try:
         inputs = block.make_inputs(shape, dtype, device, seed, distributions[0])
-        pristine = _clones(_tensors(inputs))
+        pristine = _tensors(inputs)  # private: the candidate is called with shared copies
+        shared = {**inputs, **{name: runner.share(tensor) for name, tensor in pristine.items()}}
 
         def attempt(label: str, prefill: Mapping[str, torch.Tensor] | None = None) -> tuple[Outputs, dict]:
-            outputs = allocate(block, shape, dtype, device)
-            spec = Outputs.of(block, inputs, outputs)
-            return spec, _call(run, spec, inputs, pristine, outputs, device, f"{label}: ", prefill)
+            outputs = {name: runner.share(tensor, values=False)
+                       for name, tensor in allocate(block, shape, dtype, device).items()}
+            spec = Outputs.of(block, shared, outputs)
+            return spec, checked_call(entry, spec, shared, pristine, outputs, f"{label}: ", prefill)
 
         spec, first_out = attempt("call 1")
-        ref = _expected(block, spec, inputs, pristine, first_out, where)
+        ref = expected_outputs(block, spec, inputs, pristine, first_out, where)
         rel, excess, problem = judge(block, spec, first_out, ref, dtype, device)
         worst.checks += 1
         worst.add(rel, excess)
@@ -166,16 +201,16 @@ def verify_shape(
                 return verdict(Status.WRONG, f" (call 2): {problem}", rel2, excess2)
 
         # New values under the same pointers: a result cached by pointer/shape now mismatches.
-        stale = {name: first_out[name].clone() for name in spec.names}
+        stale = {name: first_out[name] for name in spec.names}
         fresh = block.make_inputs(shape, dtype, "cpu", seed + 7919, distributions[1])
-        for name, tensor in _tensors(inputs).items():
-            tensor.copy_(fresh[name])
-            pristine[name] = tensor.clone()
+        for name, tensor in _tensors(fresh).items():
+            shared[name].copy_(tensor)
+            pristine[name] = tensor.to(device=device, copy=True)
         for name, value in fresh.items():
             if not isinstance(value, torch.Tensor) and value != inputs[name]:
                 raise HarnessError(f"{where}: make_inputs scalar {name!r} depends on the seed")
         _, third_out = attempt("call 3", prefill=stale)
-        ref3 = _expected(block, spec, inputs, pristine, third_out, where)
+        ref3 = expected_outputs(block, spec, inputs, pristine, third_out, where)
         rel, excess, problem = judge(block, spec, third_out, ref3, dtype, device)
         worst.checks += 1
         worst.add(rel, excess)
@@ -189,7 +224,7 @@ def verify_shape(
 
 def verify(
     block: Block,
-    run: RunFn,
+    run: RunFn | Entry,
     shapes: list[Shape],
     dtype: torch.dtype,
     device: str | torch.device,
@@ -198,9 +233,10 @@ def verify(
     stop_at_first_failure: bool = True,
 ) -> list[tuple[Shape, Verification]]:
     """Verify on every shape (seeded by position so distributions rotate across the set)."""
+    entry = LocalRunner.entry(run, device)
     results: list[tuple[Shape, Verification]] = []
     for index, shape in enumerate(shapes):
-        verdict = verify_shape(block, run, shape, dtype, device, seed=index, deterministic=deterministic)
+        verdict = verify_shape(block, entry, shape, dtype, device, seed=index, deterministic=deterministic)
         results.append((shape, verdict))
         if stop_at_first_failure and not verdict.ok:
             break
@@ -233,7 +269,7 @@ def perturb_inputs(inputs: dict[str, Any], seed: int, fraction: float = 1 / 64) 
 
 def verify_again(
     block: Block,
-    run: RunFn,
+    run: RunFn | Entry,
     shape: Shape,
     dtype: torch.dtype,
     device: str | torch.device,
@@ -242,26 +278,36 @@ def verify_again(
     *,
     seed: int,
     label: str = "after timing",
+    state: Mapping[str, Any] | None = None,
 ) -> Verification:
-    """One more guarded call on buffers the candidate has already seen (the timing set: its
+    """One more checked call on buffers the candidate has already seen (the timing set: its shared
     ``inputs`` and ``outputs`` by name, or a v1 block's one output tensor), after
     :func:`perturb_inputs` changed their values: the outputs are poisoned, the call must pass
     every check of :func:`verify_shape`, and every output and in-place input must match the
     reference of the perturbed inputs.
 
+    ``state`` is the trusted side's own copy of the values the inputs hold now (the replayed
+    timing round); without it they are read from ``inputs``. Either way the perturbed values are
+    written into ``inputs`` from a private copy, which the reference is computed from.
+
     Catches candidates that are right for the first calls and then cheat (phase detection:
     EVALUATION.md #16), results cached by pointer or by a sample of the values, and stale memory
-    read during the timing phase, whose outputs are otherwise never looked at.
+    read during the timing phase.
     """
     device = torch.device(device)
+    entry = LocalRunner.entry(run, device)
     where = f"{block.id} {shape.name}"
     outputs = {"out": outputs} if isinstance(outputs, torch.Tensor) else dict(outputs)
     try:
         spec = Outputs.of(block, inputs, outputs)
-        perturb_inputs(inputs, seed)
-        pristine = _clones(_tensors(inputs))
-        got = _call(run, spec, inputs, pristine, outputs, device, "")
-        ref = _expected(block, spec, inputs, pristine, got, where)
+        source = _tensors(state if state is not None else inputs)
+        pristine = {name: entry.runner.snapshot(tensor) if state is None else tensor.clone()
+                    for name, tensor in source.items()}
+        perturb_inputs(pristine, seed)
+        for name, tensor in pristine.items():
+            inputs[name].copy_(tensor)
+        got = checked_call(entry, spec, inputs, pristine, outputs, "")
+        ref = expected_outputs(block, spec, inputs, pristine, got, where)
         rel, excess, problem = judge(block, spec, got, ref, dtype, device)
     except Rejected as exc:
         return Verification(exc.status, None, None, 1, f"{shape.name} ({label}): {exc}", traceback=exc.traceback)

@@ -1,29 +1,40 @@
-"""Isolated evaluation: candidates run in a worker process, never in the search's own.
+"""Isolated evaluation: candidates run in a worker process; verdicts are made in this one.
 
 A candidate can crash its process (the Triton interpreter segfaults on some out-of-bounds loads; an
-illegal memory access poisons a CUDA context for good), hang, eat memory, or try to read the
-search's secrets. :class:`WorkerExecutor` is an :class:`~kernelforge.execute.executor.Executor`
-that runs each request in one long-lived worker process per device
-(:class:`~kernelforge.execute.worker_process.WorkerProcess` running
-:mod:`kernelforge.execute.worker_main`: a fresh interpreter that imports torch once, about 3 s,
-sets up the Triton interpreter or the CUDA context there, and serves candidate after candidate):
+illegal memory access poisons a CUDA context for good), hang, eat memory, try to read the search's
+secrets, or change anything in its own process: the comparison, ``torch.equal``, the timer, the
+harness's functions. :class:`WorkerExecutor` is an :class:`~kernelforge.execute.executor.Executor`
+that splits the work between two processes:
 
-- every source first passes the static policy (:mod:`kernelforge.execute.policy`) in the parent; a
+- this one, the **trusted** process, runs the judge (:func:`kernelforge.execute.evaluate.evaluate`):
+  it draws the inputs, keeps pristine private copies, computes the reference, poisons, compares,
+  checks the timed calls and the wall clock, and decides every verdict;
+- one long-lived **worker** process per device
+  (:class:`~kernelforge.execute.worker_process.WorkerProcess` running
+  :mod:`kernelforge.execute.worker_main`: a fresh interpreter that imports torch once, about 3 s,
+  sets up the Triton interpreter or the CUDA context there, and serves candidate after candidate)
+  only loads the candidate and calls ``run`` on tensors that live in memory shared with this
+  process (:class:`~kernelforge.execute.worker_runner.WorkerRunner`). Nothing the candidate changes
+  there can change a verdict: the outputs are read back here as raw bytes, and the expected output
+  never exists in the worker.
+
+Around that:
+
+- every source first passes the static policy (:mod:`kernelforge.execute.policy`) here; a
   violation is ``rejected`` on every shape and nothing of the source runs;
 - the worker runs in the sandbox of :mod:`kernelforge.execute.sandbox`: no secrets in its
   environment, its own temporary directory, a new session, an address-space limit (none on
   ``cuda``), no core dumps, killed by the kernel if the search dies;
-- the worker announces each step (import, each held-out shape, each timed shape) and sends each
-  shape's evaluation as soon as it exists (verdicts, tracebacks and timings as the in-process
-  evaluation makes them). The parent gives the import ``compile_timeout`` seconds and every other
-  step ``run_timeout`` (on a GPU the first run step gets both: the JIT compiles there). A step that
-  runs over is a ``timeout``: the worker is killed (its whole process group) and the rest of the
-  candidate's shapes get the same verdict without being run. A worker that dies is a
-  ``runtime_error`` naming the signal ("worker died with SIGSEGV while ...", with the candidate's
-  line when the fault handler printed one); a CUDA error in a result, or a failed synchronisation
-  after a request, retires the worker after it answers, and so does a candidate that replaced a
-  harness function or left a thread running (it was judged for that, but must not judge the
-  candidates after it). Either way the next request starts a fresh worker, and the search goes on.
+- every answer is awaited within its step's limit: ``compile_timeout`` seconds for the import and
+  ``run_timeout`` for every other step (a held-out shape, or a timed shape with its timing; on a
+  GPU the first run step gets both: the JIT compiles there). A step that runs over is a
+  ``timeout``: the worker is killed (its whole process group) and the rest of the candidate's
+  shapes get the same verdict without being run. A worker that dies is a ``runtime_error`` naming
+  the signal ("worker died with SIGSEGV while ...", with the candidate's line when the fault
+  handler printed one); a CUDA error retires the worker at once, and a candidate that replaced a
+  harness function, left a thread running or changed Triton's interpreter switch retires it after
+  its verdict (it must not judge the candidates after it). Either way the next request starts a
+  fresh worker, and the search goes on.
 """
 
 from __future__ import annotations
@@ -35,12 +46,13 @@ from typing import Any
 
 import torch
 
-from kernelforge.block import DTYPES, Block, HarnessError, Shape
+from kernelforge.block import Block, Shape
 from kernelforge.errors import UserError
-from kernelforge.execute.evaluate import held_out_shapes
+from kernelforge.execute.evaluate import evaluate, held_out_shapes, pair_speedups
 from kernelforge.execute.policy import check_source
-from kernelforge.execute.sandbox import default_memory_limit
+from kernelforge.execute.sandbox import default_memory_limit, sandbox_plan
 from kernelforge.execute.worker_process import WorkerGone, WorkerProcess
+from kernelforge.execute.worker_runner import WorkerRunner
 from kernelforge.result import Evaluation, Status, Verification
 
 #: Seconds a worker may take to start (import torch and triton, prepare the device).
@@ -84,13 +96,6 @@ def _device_spec(device: Any) -> tuple[str, dict[str, Any]]:
     return f"{cls.__module__}:{cls.__qualname__}", kwargs
 
 
-def _dtype_name(dtype: Any) -> str:
-    for name, value in DTYPES.items():
-        if value == dtype or name == dtype:
-            return name
-    raise UserError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
-
-
 class WorkerExecutor:
     """Evaluates candidates in a worker process (see the module docstring).
 
@@ -121,7 +126,8 @@ class WorkerExecutor:
             threads = torch.get_num_threads()  # as many as the search itself uses (tests: 1)
         self.threads = threads
         self._process = WorkerProcess(("init", _device_spec(device), threads), memory_limit=self.memory_limit,
-                                      extra_secrets=tuple(extra_secrets), startup_timeout=startup_timeout)
+                                      extra_secrets=tuple(extra_secrets), startup_timeout=startup_timeout,
+                                      shared_arena=device.name != "cuda")
         #: a request is in flight (an interrupted request leaves the pipes mid-conversation)
         self._busy = False
         #: workers started so far (tests and progress read it)
@@ -139,8 +145,9 @@ class WorkerExecutor:
         self.device.prepare()
 
     def describe(self) -> dict[str, Any]:
-        """The device's environment (name, versions, timing method) results are stored under."""
-        return self.device.describe()
+        """The device's environment (name, versions, timing method) results are stored under, and
+        the OS sandbox the worker applies (``sandbox``)."""
+        return {**self.device.describe(), "sandbox": sandbox_plan().label}
 
     @property
     def alive(self) -> bool:
@@ -151,7 +158,10 @@ class WorkerExecutor:
         """What the current worker said when it was ready (pid, device, memory limit)."""
         return self._process.info
 
-    def _ensure(self) -> WorkerProcess:
+    def _ensure(self, root: str | None = None) -> WorkerProcess:
+        if root is not None and root not in self._process.read_roots:  # its sandbox cannot read that folder
+            self._kill()
+            self._process.read_roots += (root,)
         if self._busy:  # the last request was interrupted (Ctrl-C): its answers would be read next
             self._kill()
         if not self._process.alive:
@@ -184,12 +194,18 @@ class WorkerExecutor:
 
     # -- requests ---------------------------------------------------------------------------------
 
+    def _runner(self, process: WorkerProcess, limit: float | None = None, label: str = "") -> WorkerRunner:
+        runner = WorkerRunner(process, self.device, compile_timeout=self.compile_timeout, run_timeout=self.run_timeout)
+        if limit is not None:
+            runner.step(label, limit)
+        return runner
+
     def evaluate(self, block: Block, source: str, shapes: list[Shape], dtype: torch.dtype, *,
                  deterministic: bool = True) -> list[Evaluation]:
-        """Verify and time ``source`` on ``shapes`` in the worker: one
-        :class:`~kernelforge.result.Evaluation` per shape, in order, whatever happens to the
-        worker (see the module docstring). A block that breaks its contract raises
-        :class:`~kernelforge.block.HarnessError` here, as in this process."""
+        """Verify and time ``source`` on ``shapes``, the candidate running in the worker and the
+        verdict made here: one :class:`~kernelforge.result.Evaluation` per shape, in order,
+        whatever happens to the worker (see the module docstring). A block that breaks its
+        contract raises :class:`~kernelforge.block.HarnessError`."""
         counts = {s.name: block.counts(s, dtype) for s in shapes}
         if self.policy:
             report = check_source(source)
@@ -197,79 +213,70 @@ class WorkerExecutor:
                 verdict = Verification(Status.REJECTED, message=report.message())
                 return [Evaluation(s, verdict, counts[s.name]) for s in shapes]
         extra = held_out_shapes(block, shapes, source, self.device.name) if self.held_out else []
-        process = self._ensure()
+        process = self._ensure(_block_root(block))
+        runner = self._runner(process)
         results: dict[str, Evaluation] = {}
-        request = ("evaluate", _block_root(block), block.id, source, list(shapes), _dtype_name(dtype),
-                   deterministic, list(extra))
-        step, timeout, compiled = "sending the candidate", self.compile_timeout, False
-        retire: str | None = None
+
+        def keep(ev: Evaluation) -> None:
+            results[ev.shape.name] = ev
+            if runner.retire:  # a CUDA error poisons the worker's context: nothing more runs there
+                raise _Retired(runner.retire)
+
         self._busy = True
         try:
-            process.send(request)
-            while True:
-                kind, *rest = process.receive(timeout, step)
-                if kind == "step":
-                    step = rest[0]
-                    if step == "compile":
-                        step, timeout = "importing the candidate", self.compile_timeout
-                    else:
-                        # On a GPU the JIT compiles at the first launch: the first run step gets both.
-                        jit = not compiled and self.device.name == "cuda"
-                        timeout = self.run_timeout + (self.compile_timeout if jit else 0)
-                        compiled = True
-                        step = f"running {step}"
-                elif kind == "result":
-                    ev = rest[0]
-                    results[ev.shape.name] = ev
-                elif kind == "done":
-                    retire = rest[0]
-                    self._busy = False
-                    break
-                elif kind == "error":
-                    error_kind, message = rest
-                    self._kill()
-                    if error_kind == "HarnessError":
-                        raise HarnessError(message)
-                    if error_kind == "UserError":
-                        raise UserError(message)
-                    verdict = Verification(Status.RUNTIME_ERROR, message=f"harness error in the worker: {message}"[:2000])
-                    return _complete(shapes, results, counts, verdict)
+            evaluate(block, source, shapes, dtype, self.device, deterministic=deterministic, held_out=extra,
+                     runner=runner, on_result=keep)
+            retire = runner.release()
         except WorkerGone as exc:
             self._busy = False
             verdict = Verification(Status(exc.status), message=str(exc)[:2000])
             return _complete(shapes, results, counts, verdict, first_only=True)
+        except _Retired as exc:
+            retire = str(exc)
+        except BaseException:  # a harness error, or an interrupt mid-conversation: a fresh worker next time
+            self._kill()
+            raise
+        self._busy = False
         if retire:
-            self._kill()  # a CUDA error poisons the context: the next candidate gets a fresh worker
+            self._kill()  # the next candidate gets a fresh worker
         verdict = Verification(Status.RUNTIME_ERROR, message=f"not run: the worker was retired ({retire})")
         return _complete(shapes, results, counts, verdict, first_only=True)
 
     def pair_speedups(self, block: Block, baseline_source: str, candidate_source: str, shape: Shape,
                       dtype: torch.dtype, pairs: int) -> list[float]:
-        """Interleaved baseline/candidate speedups on one shape, in the worker; empty when the
-        worker fails (the candidate is then not confirmed)."""
+        """Interleaved baseline/candidate speedups on one shape, timed in the worker and checked
+        here (:func:`~kernelforge.execute.evaluate.pair_speedups`); empty when the worker fails
+        or a check does (the candidate is then not confirmed)."""
         if self.policy and (not check_source(candidate_source).ok or not check_source(baseline_source).ok):
             return []
-        process = self._ensure()
+        process = self._ensure(_block_root(block))
+        runner = self._runner(process, self.compile_timeout + self.run_timeout * max(pairs, 1), "re-timing pairs")
         self._busy = True
         try:
-            process.send(("pairs", _block_root(block), block.id, baseline_source, candidate_source, shape,
-                          _dtype_name(dtype), pairs))
-            kind, *rest = process.receive(self.compile_timeout + self.run_timeout * max(pairs, 1), "re-timing pairs")
+            speedups = pair_speedups(block, baseline_source, candidate_source, shape, dtype, self.device, pairs,
+                                     runner=runner)
+            retire = runner.release()
         except WorkerGone:
             self._busy = False
             return []
-        self._busy = False
-        if kind != "pairs":
+        except BaseException:
             self._kill()
-            return []
-        return list(rest[0])
+            raise
+        self._busy = False
+        if retire:
+            self._kill()
+        return speedups
 
-    def probe(self) -> dict[str, Any]:
-        """What the worker sees (environment names, working directory, limits, pid): for tests."""
-        process = self._ensure()
+    def probe(self, block: Block | None = None) -> dict[str, Any]:
+        """What the worker sees (environment names, working directory, limits, pid): for tests.
+        With ``block``, the worker is one whose sandbox can read that block's kernels folder."""
+        process = self._ensure(None if block is None else _block_root(block))
         process.send(("probe",))
-        kind, info = process.receive(process.startup_timeout, "probing")
-        return info
+        return process.receive(process.startup_timeout, "probing").get("info", {})
+
+
+class _Retired(Exception):
+    """The worker must not run anything more for this candidate (its reason)."""
 
 
 def _complete(shapes: list[Shape], results: dict[str, Evaluation], counts: dict, verdict: Verification,

@@ -1,43 +1,35 @@
-"""The worker process: serves evaluation requests from :class:`kernelforge.execute.worker.WorkerExecutor`.
+"""The worker process: runs candidates for :class:`kernelforge.execute.worker_runner.WorkerRunner`.
 
-Started as ``python -m kernelforge.execute.worker_main FD_IN FD_OUT PARENT_PID LIMIT`` (by the
-executor only) in the sandbox of :mod:`kernelforge.execute.sandbox`: limits set before anything
-heavy is imported, killed with its parent. It builds its own copy of the search's device, then
-answers requests (pickles over the two pipes ``FD_IN``/``FD_OUT``, never stdout, which candidate
-code could write to):
+Started as ``python -m kernelforge.execute.worker_main FD_IN FD_OUT PARENT_PID LIMIT FD_ARENA``
+(by :class:`~kernelforge.execute.worker_process.WorkerProcess` only) in the sandbox of
+:mod:`kernelforge.execute.sandbox`: limits set before anything heavy is imported, killed with its
+parent, the OS sandbox applied after the imports and before any candidate is loaded. ``FD_ARENA``
+is the shared arena (:mod:`kernelforge.execute.arena`) the trusted process places tensors in.
+It builds its own copy of the search's device, then answers requests (pickles in on ``FD_IN``;
+JSON answers out on ``FD_OUT``, never stdout, which candidate code could write to): see
+:class:`~kernelforge.execute.worker_serve.WorkerSession` for the requests, plus ``("probe",)``
+(what the worker sees, for tests) and ``("exit",)``.
 
-- ``("evaluate", root, block_id, source, shapes, dtype, deterministic, held_out)``: streams
-  ``("step", label)`` when a step starts and ``("result", evaluation)`` for each shape (verdicts,
-  tracebacks and timings as :func:`kernelforge.execute.evaluate.evaluate` made them), then
-  ``("done", reason)`` where ``reason`` (or None) says why this worker must not serve another
-  candidate;
-- ``("pairs", root, block_id, baseline, candidate, shape, dtype, pairs)``: ``("pairs", speedups)``;
-- ``("probe",)``: what the worker sees (environment names, directory, limits), for tests;
-- ``("exit",)``.
-
-A harness or user error is answered ``("error", kind, message)``.
+The worker decides no verdict: it loads candidates and calls them on tensors the trusted process
+shares with it, and reports what it saw. A failure of the harness itself is answered
+``{"kind": "error"}`` and ends the worker.
 """
 
 from __future__ import annotations
 
+import json
 import os
-import re
 import sys
 import threading
 import traceback
 from multiprocessing.connection import Connection
 from typing import Any, Callable
 
-from kernelforge.errors import UserError
-from kernelforge.execute.sandbox import die_with_parent, limit_process
-
-#: Markers of a CUDA error in a result message: the context is unusable after one.
-CUDA_ERROR = re.compile(r"CUDA error|illegal memory access|device-side assert|unspecified launch failure|"
-                        r"misaligned address|CUDA_ERROR|cudaError|an illegal instruction", re.IGNORECASE)
+from kernelforge.execute.sandbox import apply_worker_sandbox, die_with_parent, limit_process
 
 
-class _Retire(Exception):
-    """Stop the current request and retire the worker (CUDA context poisoned)."""
+def _answer(send: Connection, kind: str, **fields: Any) -> None:
+    send.send_bytes(json.dumps({"kind": kind, **fields}).encode("utf-8"))
 
 
 def _make_device(spec: tuple[str, dict[str, Any]], threads: int | None) -> Any:
@@ -47,6 +39,10 @@ def _make_device(spec: tuple[str, dict[str, Any]], threads: int | None) -> Any:
 
     if threads:
         torch.set_num_threads(int(threads))
+    # Start torch's intra-op thread pool now (it starts at the first parallel operation): the
+    # trusted side counts this process's threads around every call, and a pool started inside an
+    # honest candidate's call would look like a thread the candidate left running.
+    torch.zeros(1 << 20).add_(1.0)
     module_name, _, class_name = spec[0].partition(":")
     device = getattr(importlib.import_module(module_name), class_name)(**spec[1])
     device.prepare()
@@ -103,7 +99,7 @@ def _probe() -> dict[str, Any]:
     }
 
 
-def serve(receive: Connection, send: Connection) -> None:
+def serve(receive: Connection, send: Connection, arena_fd: int = -1) -> None:
     """Answer requests until ``exit``, the pipe's end, or a reason to retire."""
     kind, device_spec, threads = receive.recv()
     assert kind == "init"
@@ -111,22 +107,16 @@ def serve(receive: Connection, send: Connection) -> None:
         import resource
 
         device = _make_device(device_spec, threads)
-        from kernelforge.block import DTYPES, HarnessError
-        from kernelforge.catalog import Catalog
-        from kernelforge.execute import evaluate as evaluate_module
+        from kernelforge.execute.arena import ArenaView
+        from kernelforge.execute.wire import encode
+        from kernelforge.execute.worker_serve import WorkerSession
+        apply_worker_sandbox(device.name)  # Landlock and seccomp: after the imports, before any candidate
     except BaseException as exc:
-        send.send(("init_error", f"{type(exc).__name__}: {exc}"))
+        _answer(send, "init_error", message=f"{type(exc).__name__}: {exc}")
         return
-    send.send(("ready", {"pid": os.getpid(), "device": device.name,
-                         "memory_limit": resource.getrlimit(resource.RLIMIT_AS)[0]}))
-    catalogs: dict[str, Any] = {}
-
-    def block_of(root: str, block_id: str) -> Any:
-        if root not in catalogs:
-            catalogs[root] = Catalog.discover(root)
-        return catalogs[root].block(block_id)
-
-    healthy = _health_check(device)
+    _answer(send, "ready", info={"pid": os.getpid(), "device": device.name,
+                                 "memory_limit": resource.getrlimit(resource.RLIMIT_AS)[0]})
+    session = WorkerSession(device, ArenaView(arena_fd) if arena_fd >= 0 else None, _health_check(device))
     while True:
         try:
             message = receive.recv()
@@ -136,51 +126,29 @@ def serve(receive: Connection, send: Connection) -> None:
         if kind == "exit":
             return
         if kind == "probe":
-            send.send(("probe", _probe()))
+            _answer(send, "probe", info=_probe())
             continue
         try:
-            if kind == "evaluate":
-                _, root, block_id, source, shapes, dtype_name, deterministic, held_out = message
-                block = block_of(root, block_id)
-
-                def on_result(ev: Any) -> None:
-                    send.send(("result", ev))
-                    if device.name == "cuda" and CUDA_ERROR.search(ev.verification.message or ""):
-                        raise _Retire("CUDA error: " + ev.verification.message[:200])
-
-                try:
-                    evaluate_module.evaluate(block, source, shapes, DTYPES[dtype_name], device,
-                                             deterministic=deterministic, held_out=held_out,
-                                             on_step=lambda label: send.send(("step", label)), on_result=on_result)
-                except _Retire as exc:
-                    send.send(("done", str(exc)))
-                    return
-                send.send(("done", healthy()))
-            elif kind == "pairs":
-                _, root, block_id, base_src, cand_src, shape, dtype_name, pairs = message
-                block = block_of(root, block_id)
-                speedups = evaluate_module.pair_speedups(block, base_src, cand_src, shape, DTYPES[dtype_name], device,
-                                                         pairs)
-                send.send(("pairs", speedups))
-                if healthy() is not None:
-                    return
-        except (HarnessError, UserError) as exc:
-            send.send(("error", type(exc).__name__, str(exc)))
+            answer = session.handle(message)
         except Exception as exc:  # a bug of the harness surfaced by a candidate: reported, then a fresh worker
-            send.send(("error", "internal", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"))
+            _answer(send, "error", message=f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"[:4000])
+            return
+        send.send_bytes(encode(**answer))
+        if kind == "release" and answer.get("retire"):
             return
 
 
 def main(argv: list[str]) -> None:
     """Entry of the worker process (see the module docstring for the arguments)."""
     fd_in, fd_out, parent_pid, limit = (int(a) for a in argv[:4])
+    arena_fd = int(argv[4]) if len(argv) > 4 else -1
     # Limits first: nothing heavy is imported yet, so the limit covers everything after.
     limit_process(limit)
     die_with_parent(parent_pid)
     receive = Connection(fd_in, writable=False)
     send = Connection(fd_out, readable=False)
     try:
-        serve(receive, send)
+        serve(receive, send, arena_fd)
     finally:
         try:
             send.close()

@@ -3,8 +3,11 @@
 The process runs :mod:`kernelforge.execute.worker_main`, started with ``subprocess`` and the
 environment of :func:`~kernelforge.execute.sandbox.scrubbed_environment`, in a temporary working
 directory of its own, in a new session (Ctrl-C in the terminal goes to the search, which then
-closes the worker). Requests and answers are pickles over two pipes on dedicated file
-descriptors; the worker's stdout and stderr go to a log file whose tail explains a crash.
+closes the worker). Requests are pickles and answers JSON objects
+(:mod:`kernelforge.execute.wire`: never unpickled here) over two pipes on dedicated file
+descriptors; the worker's stdout and stderr go to a log file whose tail explains a crash. On the
+CPU the process also inherits the descriptor of a fresh shared arena (:attr:`WorkerProcess.arena`,
+:mod:`kernelforge.execute.arena`), through which the trusted process shares tensors with it.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from kernelforge.errors import UserError
-from kernelforge.execute.sandbox import scrubbed_environment
+from kernelforge.execute.arena import Arena
+from kernelforge.execute.wire import MAX_MESSAGE_BYTES, WireError, decode
+from kernelforge.execute.sandbox import sandbox_environment
 
 
 class WorkerGone(Exception):
@@ -53,11 +58,16 @@ class WorkerProcess:
     """
 
     def __init__(self, init: tuple, *, memory_limit: int | None, extra_secrets: tuple[str, ...],
-                 startup_timeout: float):
+                 startup_timeout: float, shared_arena: bool = True):
         self.init = init
+        self.shared_arena = shared_arena
+        #: the shared arena of the current process (None before it starts, or on a GPU)
+        self.arena: Arena | None = None
         self.memory_limit = memory_limit
         self.extra_secrets = extra_secrets
         self.startup_timeout = startup_timeout
+        #: the kernels folders the worker's sandbox lets it read (set before it starts)
+        self.read_roots: tuple[str, ...] = ()
         self._proc: subprocess.Popen | None = None
         self._send: Connection | None = None
         self._recv: Connection | None = None
@@ -66,6 +76,10 @@ class WorkerProcess:
         self._log_offset = 0
         #: what the worker said when it was ready (pid, device, memory limit)
         self.info: dict[str, Any] = {}
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
 
     @property
     def alive(self) -> bool:
@@ -82,18 +96,21 @@ class WorkerProcess:
         self._log = Path(self._dir) / "worker.log"
         to_child_r, to_child_w = os.pipe()
         to_parent_r, to_parent_w = os.pipe()
-        env = scrubbed_environment(extra_secrets=self.extra_secrets)
+        env = sandbox_environment(self._dir, read_roots=self.read_roots, extra_secrets=self.extra_secrets)
         package_root = str(Path(__file__).resolve().parents[2])  # the folder that holds kernelforge/
         env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH")])])
         env["PWD"] = self._dir
         env["PYTHONFAULTHANDLER"] = "1"  # a segfault prints the Python stack (the candidate's line)
         env.pop("TRITON_INTERPRET", None)  # the worker's device decides, in prepare()
+        self.arena = Arena() if self.shared_arena else None
+        arena_fd = self.arena.fd if self.arena is not None else -1
         cmd = [sys.executable, "-m", "kernelforge.execute.worker_main", str(to_child_r), str(to_parent_w),
-               str(os.getpid()), str(self.memory_limit or 0)]
+               str(os.getpid()), str(self.memory_limit or 0), str(arena_fd)]
         with open(self._log, "wb") as log:
             self._proc = subprocess.Popen(
                 cmd, env=env, cwd=self._dir, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                pass_fds=(to_child_r, to_parent_w), start_new_session=True, close_fds=True,
+                pass_fds=(to_child_r, to_parent_w, *([arena_fd] if arena_fd >= 0 else [])), start_new_session=True,
+                close_fds=True,
             )
         os.close(to_child_r)
         os.close(to_parent_w)
@@ -102,14 +119,14 @@ class WorkerProcess:
         self._log_offset = 0
         try:
             self._send.send(self.init)
-            kind, *rest = self.receive(self.startup_timeout, "starting")
+            answer = self.receive(self.startup_timeout, "starting")
         except WorkerGone as exc:
             raise UserError(f"the evaluation worker could not start: {exc}; run the search with --in-process to "
                             "see the error in this process") from None
-        if kind == "init_error":
+        if answer["kind"] != "ready" or not isinstance(answer.get("info"), dict):
             self.kill()
-            raise UserError(f"the evaluation worker could not start: {rest[0]}")
-        self.info = rest[0]
+            raise UserError(f"the evaluation worker could not start: {str(answer.get('message'))[:2000]}")
+        self.info = answer["info"]
 
     def send(self, message: tuple) -> None:
         """Send one request; the log tail of a later crash starts here."""
@@ -140,6 +157,9 @@ class WorkerProcess:
                 except OSError:
                     pass
         self._proc = self._send = self._recv = None
+        if self.arena is not None:
+            self.arena.close()
+            self.arena = None
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
@@ -171,28 +191,39 @@ class WorkerProcess:
         fatal = [line for line in lines if line.startswith(("Fatal Python error", "MemoryError", "RuntimeError"))]
         return (fatal[-1] if fatal else (lines[-1] if lines else ""))[:300]
 
-    def receive(self, timeout: float, step: str) -> tuple:
-        """The worker's next message, or :class:`WorkerGone` after killing it."""
+    def receive(self, timeout: float, step: str, limit: float | None = None) -> dict[str, Any]:
+        """The worker's next answer (a JSON object with a ``kind``, its fields still to be
+        checked), or :class:`WorkerGone` after killing it. ``limit`` is the step's whole time
+        limit, for the message when it runs out (default ``timeout``)."""
         assert self._recv is not None and self._proc is not None
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 self.kill()
-                raise WorkerGone("timeout", f"did not finish within {timeout:g} s while {step}; the worker was killed")
+                raise WorkerGone("timeout", f"did not finish within {timeout if limit is None else limit:g} s while "
+                                            f"{step}; the worker was killed")
             try:
                 ready = self._recv.poll(min(left, 1.0))
             except (OSError, ValueError):
                 ready = True
             if ready:
+                data = None
                 try:
-                    return self._recv.recv()
-                except (EOFError, OSError, ValueError):
+                    data = self._recv.recv_bytes(MAX_MESSAGE_BYTES)
+                except EOFError:
                     pass  # the worker is gone: below
-                except Exception as exc:  # an answer that does not unpickle: a broken worker
-                    self.kill()
-                    raise WorkerGone("runtime_error", f"unreadable answer from the worker while {step}: "
-                                                      f"{type(exc).__name__}") from None
+                except OSError:
+                    if self._proc.poll() is None:  # longer than any answer may be
+                        self.kill()
+                        raise WorkerGone("runtime_error", f"unreadable answer from the worker while {step}") from None
+                if data is not None:
+                    try:
+                        return decode(data)
+                    except WireError as exc:
+                        self.kill()
+                        raise WorkerGone("runtime_error", f"unreadable answer from the worker while {step}: "
+                                                          f"{exc}"[:500]) from None
             if ready or self._proc.poll() is not None:
                 try:
                     code = self._proc.wait(timeout=10)

@@ -25,6 +25,7 @@ from typing import Any
 from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
 from kernelforge.execute.executor import make_executor
+from kernelforge.execute.sandbox import sandbox_warning
 from kernelforge.job import Job
 from kernelforge.objective import time_ratio
 from kernelforge.result import StoredResult, env_key
@@ -100,10 +101,13 @@ class Search:
         context every stage shares. :meth:`run` calls it; :meth:`close` undoes it."""
         self.executor.prepare()
         env = dict(self.executor.describe())
+        warning = sandbox_warning(env)
+        if warning:  # said once, at the start; every result records its sandbox too
+            self.progress.event("warning", message=warning)
         target = None
         if self.compile_enabled:
             from kernelforge.compile.targets import default_target, parse_target
-            from kernelforge.execute.sandbox import SandboxedCompilePool
+            from kernelforge.compile.sandboxed import SandboxedCompilePool
 
             target = self.job.target or default_target()
             parse_target(target)  # a bad target is a user error before anything runs

@@ -1,0 +1,130 @@
+"""The timed calls of one timing round, as the process that runs the candidate makes them.
+
+The trusted side (:mod:`kernelforge.execute.timing`) prepares the input sets in shared memory and
+says which call of the round it will verify (:class:`TimingJob`); the runner (the worker, or this
+process in-process) hands the device one call per input set and a preparation to run before every
+call, outside the timed region (:meth:`kernelforge.devices.base.Device.time`):
+
+- the block's in-place inputs are restored (when it resets them);
+- one value of each floating-point input changes (:func:`touch_inputs`), so identical inputs never
+  come back and a cache keyed on the input values never hits (EVALUATION.md #4);
+- every output gets fresh poison, exactly as before a verification call, so a candidate that
+  skips the work when its output does not arrive poisoned is left with poison;
+- after the call the trusted side chose (an index it drew at random, so the candidate cannot know
+  it), the outputs and in-place inputs of that call are copied aside, at the next preparation (or
+  when timing ends), outside the timed region. The trusted side compares that copy with its own
+  reference of the inputs as they were at that call: a timed call is a verified call.
+
+The preparation is deterministic in the call index, so the trusted side replays it on its pristine
+copies (:func:`touch_inputs` is the one function both sides run).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+
+from kernelforge.devices.base import Device
+from kernelforge.execute.fingerprint import poison
+from kernelforge.execute.guard import CallReport, RunFn, raised
+from kernelforge.result import Timing
+
+
+def touch_inputs(inputs: Mapping[str, Any], call: int) -> None:
+    """Change one element of each floating-point input tensor, in place (its sign), before call
+    ``call`` of a timing round: identical inputs never come back, so a cache keyed on the input
+    values misses every time (EVALUATION.md #4) and what is timed is the computation."""
+    for tensor in inputs.values():
+        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.numel() and tensor.is_contiguous():
+            flat = tensor.view(-1)
+            flat[(call * 7919 + 13) % flat.numel()].neg_()
+
+
+@dataclass(frozen=True)
+class TimingJob:
+    """One timing round, as the trusted side asks for it.
+
+    ``sets`` are the arguments of each input set's call (shared tensors and scalars by name);
+    ``outputs`` name the outputs among them (poisoned before every call) and ``inplace`` the
+    in-place inputs (restored before every call when ``reset``). After the call that follows
+    preparation ``chosen``, the tensors named in ``aside`` (outputs and in-place inputs) are
+    copied into those shared buffers; for a block that does not reset its in-place inputs, their
+    values just before that call are copied into ``inplace_before``.
+    """
+
+    sets: tuple[dict[str, Any], ...]
+    outputs: tuple[str, ...]
+    inplace: tuple[str, ...]
+    reset: bool
+    chosen: int
+    aside: dict[str, torch.Tensor]
+    inplace_before: dict[str, torch.Tensor] = field(default_factory=dict)
+    working_set_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class TimingAnswer:
+    """What the runner says about a round: the device's ``timing`` (None when the candidate
+    raised: ``report``), how many calls it ``prepared``, and the input set whose call after
+    preparation ``chosen`` was copied aside (None: that call was never made)."""
+
+    timing: Timing | None
+    report: CallReport
+    prepared: int
+    copied_set: int | None
+
+
+class _Round:
+    """The preparation and the calls of one round (see the module docstring)."""
+
+    def __init__(self, run: RunFn, job: TimingJob):
+        self.run, self.job = run, job
+        self.saved = [{name: args[name].clone() for name in job.inplace} if job.reset else {} for args in job.sets]
+        self.inputs = [{k: v for k, v in args.items() if k not in job.outputs} for args in job.sets]
+        self.prepared = 0
+        self.armed = False
+        self.pending: int | None = None
+        self.copied: int | None = None
+
+    def copy_aside(self) -> None:
+        if self.pending is not None and self.copied is None:
+            args = self.job.sets[self.pending]
+            for name, buffer in self.job.aside.items():
+                buffer.copy_(args[name])
+            self.copied = self.pending
+
+    def before(self, index: int) -> None:
+        self.copy_aside()
+        which = index % len(self.job.sets)
+        args = self.job.sets[which]
+        for name, copy in self.saved[which].items():
+            args[name].copy_(copy)
+        touch_inputs(self.inputs[which], index)
+        for name in self.job.outputs:
+            poison(args[name])
+        if index == self.job.chosen:
+            for name, buffer in self.job.inplace_before.items():
+                buffer.copy_(args[name])
+        self.armed = index == self.job.chosen
+        self.prepared = max(self.prepared, index + 1)
+
+    def call(self, which: int) -> None:
+        self.run(**self.job.sets[which])
+        if self.armed:
+            self.armed = False
+            self.pending = which
+
+
+def run_timed(run: RunFn, device: Device, job: TimingJob) -> TimingAnswer:
+    """Time ``run`` on the sets of ``job`` with ``device`` (see the module docstring). The
+    candidate's exception is its ``runtime_error`` (in the answer's report); nothing raises."""
+    round_ = _Round(run, job)
+    calls = [lambda which=which: round_.call(which) for which in range(len(job.sets))]
+    try:
+        timing = device.time(calls, working_set_bytes=job.working_set_bytes, before=round_.before)
+        round_.copy_aside()
+    except Exception as exc:  # a crash while timing is the candidate's runtime error
+        return TimingAnswer(None, CallReport.of(raised(exc, "while timing: ")), round_.prepared, None)
+    return TimingAnswer(timing, CallReport(), round_.prepared, round_.copied)

@@ -1,0 +1,194 @@
+"""The trusted side's runner for a worker process: the candidate runs there, the verdict here.
+
+:class:`WorkerRunner` is the :class:`~kernelforge.execute.runner.Runner` of
+:class:`kernelforge.execute.worker.WorkerExecutor`. The judge's tensors are placed in memory the
+worker shares (:class:`~kernelforge.execute.arena.Arena` on the CPU; device memory opened through
+CUDA IPC on a GPU, :mod:`kernelforge.execute.cuda_share`, untested in this session), and each
+request names them by slot, so a call is one small message each way and no tensor ever travels
+through a pipe. The requests (pickles; answers are checked JSON, :mod:`kernelforge.execute.wire`):
+
+- ``("load", source, name_hint)`` -> ``loaded``: a handle for its ``run``, or the compile error;
+- ``("call", handle, args, watched, arena_bytes)`` -> ``returned``: one call and the worker's
+  :class:`~kernelforge.execute.guard.CallReport`; ``("sync",)`` -> ``synced``: after a full device
+  synchronisation. The trusted side reads the outputs between the two;
+- ``("time", handle, sets, outputs, inplace, reset, chosen, aside, inplace_before, bytes,
+  arena_bytes)`` -> ``timed``: one timing round (:mod:`kernelforge.execute.timed_calls`);
+- ``("tampering",)`` -> the harness functions replaced since the session began;
+- ``("release",)`` -> ``released``: the session ends; why the worker must retire, if it must.
+
+Every answer is awaited within the current step's time limit (:meth:`WorkerRunner.step`); a worker
+that runs over, dies or answers out of protocol is killed and raises
+:class:`~kernelforge.execute.worker_process.WorkerGone`. On the interpreter the worker's threads are
+also counted from outside (``/proc``), where the candidate cannot lie about them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from kernelforge.devices.base import Device
+from kernelforge.execute.guard import CallReport
+from kernelforge.execute.timed_calls import TimingAnswer, TimingJob
+from kernelforge.execute.wire import WireError, integer, names, report_from, timing_from, verification_from
+from kernelforge.execute.worker_process import WorkerGone, WorkerProcess
+from kernelforge.execute.worker_serve import TENSOR, VALUE
+from kernelforge.result import Status, Verification
+
+#: Markers of a CUDA error in a message: the worker's context is unusable after one.
+CUDA_ERROR = re.compile(r"CUDA error|illegal memory access|device-side assert|unspecified launch failure|"
+                        r"misaligned address|CUDA_ERROR|cudaError|an illegal instruction", re.IGNORECASE)
+
+
+class WorkerRunner:
+    """Runs one candidate session in ``process`` for the judge (see the module docstring).
+
+    ``device`` is the trusted side's copy of the worker's device. ``retire`` is set when the
+    worker must not serve another candidate after this one (a CUDA error)."""
+
+    def __init__(self, process: WorkerProcess, device: Device, *, compile_timeout: float, run_timeout: float):
+        self.process = process
+        self.device = device
+        self.torch_device = torch.device(device.torch_device)
+        self.compile_timeout, self.run_timeout = compile_timeout, run_timeout
+        if self.torch_device.type == "cuda":
+            from kernelforge.execute.cuda_share import CudaShare
+
+            self.memory: Any = CudaShare.of(self.torch_device)
+        else:
+            if process.arena is None:
+                raise RuntimeError("the worker process has no shared arena")
+            self.memory = process.arena
+        self.retire: str | None = None
+        self._label, self._limit = "starting", run_timeout
+        self._deadline = time.monotonic() + run_timeout
+        self._compiled = False
+
+    # -- steps and messages ---------------------------------------------------------------------
+
+    def step(self, label: str, limit: float | None = None) -> None:
+        """Start a step: ``compile`` gets the compile timeout, any other the run timeout (on a GPU
+        the first run step gets both: the JIT compiles there), or ``limit`` seconds when given.
+        The shared memory of the previous step is handed out again."""
+        if limit is not None:
+            self._label = label
+        elif label == "compile":
+            self._label, limit = "importing the candidate", self.compile_timeout
+        else:
+            jit = not self._compiled and self.device.name == "cuda"
+            self._compiled = True
+            self._label, limit = f"running {label}", self.run_timeout + (self.compile_timeout if jit else 0)
+        self._limit = limit
+        self._deadline = time.monotonic() + limit
+        self.memory.reset()
+
+    def _ask(self, request: tuple, answer: str) -> dict[str, Any]:
+        self.process.send(request)
+        message = self.process.receive(max(self._deadline - time.monotonic(), 1e-3), self._label, limit=self._limit)
+        if message["kind"] == "error":
+            self.process.kill()
+            raise WorkerGone("runtime_error", f"harness error in the worker: {str(message.get('message'))[:1800]}")
+        if message["kind"] != answer:
+            self.process.kill()
+            raise WorkerGone("runtime_error", f"the worker answered {str(message['kind'])[:40]!r} to a request for "
+                                              f"{answer!r} while {self._label}")
+        return message
+
+    def _checked(self, parse: Any, value: Any) -> Any:
+        try:
+            return parse(value)
+        except WireError as exc:
+            self.process.kill()
+            raise WorkerGone("runtime_error", f"unreadable answer from the worker while {self._label}: {exc}") from None
+
+    def _report(self, value: Any) -> CallReport:
+        report = self._checked(report_from, value)
+        if not report.ok and self.device.name == "cuda" and CUDA_ERROR.search(report.message):
+            self.retire = "CUDA error: " + report.message[:200]
+        return report
+
+    def _tasks(self) -> int | None:
+        """The worker's thread count as the kernel sees it (interpreter only: on a GPU the driver
+        starts threads of its own)."""
+        if self.device.name != "interpret" or self.process.pid is None:
+            return None
+        try:
+            return len(os.listdir(f"/proc/{self.process.pid}/task"))
+        except OSError:
+            return None
+
+    def _slot(self, tensor: torch.Tensor) -> Any:
+        return self.memory.slot(tensor)
+
+    def _wire(self, args: Mapping[str, Any]) -> dict[str, tuple[str, Any]]:
+        return {name: (TENSOR, self._slot(v)) if isinstance(v, torch.Tensor) else (VALUE, v) for name, v in args.items()}
+
+    def _arena_bytes(self) -> int:
+        return getattr(self.memory, "size", 0)
+
+    def _prepare(self) -> None:
+        prepare = getattr(self.memory, "prepare_call", None)
+        if prepare is not None:
+            prepare()
+
+    # -- the runner protocol ----------------------------------------------------------------------
+
+    def load(self, source: str, name_hint: str, watch: Sequence[tuple[str, Any, str]] = ()) -> tuple[int | None, Verification | None]:
+        """Import ``source`` in the worker (``watch`` names objects of this process: unused here)."""
+        tasks = self._tasks()
+        message = self._ask(("load", source, name_hint), "loaded")
+        failure = self._checked(verification_from, message.get("failure"))
+        handle = self._checked(lambda v: integer(v, optional=True), message.get("handle"))
+        after = self._tasks()
+        if failure is None and tasks is not None and after is not None and after > tasks:
+            failure = Verification(Status.REJECTED, message="the candidate started a thread when imported (seen from "
+                                                            "outside the worker)")
+        if failure is None and handle is None:
+            failure = Verification(Status.RUNTIME_ERROR, message="the worker loaded nothing")
+        return (None, failure) if failure is not None else (handle, None)
+
+    def share(self, tensor: torch.Tensor, *, values: bool = True) -> torch.Tensor:
+        return self.memory.share(tensor, values=values)
+
+    def snapshot(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self.memory.snapshot(tensor)
+
+    def call(self, handle: int, args: Mapping[str, Any], watched: Sequence[str]) -> CallReport:
+        self._prepare()
+        tasks = self._tasks()
+        message = self._ask(("call", handle, self._wire(args), tuple(watched), self._arena_bytes()), "returned")
+        report = self._report(message.get("report"))
+        after = self._tasks()
+        if report.ok and tasks is not None and after is not None and after > tasks:
+            return CallReport(Status.REJECTED, "the candidate left background threads running (seen from outside "
+                                               "the worker)")
+        return report
+
+    def sync(self) -> CallReport:
+        return self._report(self._ask(("sync",), "synced").get("report"))
+
+    def time(self, handle: int, job: TimingJob) -> TimingAnswer:
+        self._prepare()
+        request = ("time", handle, tuple(self._wire(args) for args in job.sets), job.outputs, job.inplace, job.reset,
+                   job.chosen, {n: self._slot(t) for n, t in job.aside.items()},
+                   {n: self._slot(t) for n, t in job.inplace_before.items()}, job.working_set_bytes,
+                   self._arena_bytes())
+        message = self._ask(request, "timed")
+        report = self._report(message.get("report"))
+        timing = self._checked(timing_from, message.get("timing"))
+        prepared = self._checked(integer, message.get("prepared"))
+        copied = self._checked(lambda v: integer(v, optional=True), message.get("copied_set"))
+        return TimingAnswer(timing, report, prepared, copied)
+
+    def tampering(self) -> list[str]:
+        return self._checked(names, self._ask(("tampering",), "tampering").get("changed"))
+
+    def release(self) -> str | None:
+        """End the session; the reason the worker must retire (a CUDA error seen here first)."""
+        message = self._ask(("release",), "released")
+        reason = self._checked(lambda v: None if v is None else str(v)[:300], message.get("retire"))
+        return self.retire or reason
