@@ -6,7 +6,10 @@ wall clock; and the expected output never exists in the worker."""
 
 from __future__ import annotations
 
+import os
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -188,7 +191,27 @@ def test_an_honest_kernel_passes_and_its_timing_carries_the_trusted_figures(blin
     assert ev.status is Status.OK and ev.timing is not None, ev.verification.message
     extra = ev.timing.extra
     assert extra["round_wall_s"] >= extra["reported_total_s"] > 0
+    assert 0 < extra["round_cpu_s"] <= extra["round_wall_s"] + 0.02  # the worker's calling thread
     assert 1 <= extra["verified_call"] <= 4  # one warm-up and three repeats
+
+
+def test_honest_rounds_pass_while_other_processes_load_every_core():
+    """The clocks check must not reject honest work on a busy machine: one call a round, so the
+    request, the answer and the waits to be scheduled are most of the round's wall time (the
+    check reads the worker's CPU time, which they do not grow)."""
+    executor = WorkerExecutor(InterpretDevice(warmup=0, repeats=1), run_timeout=300)
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(8 * (os.cpu_count() or 1))]
+    try:
+        for _ in range(3):
+            [ev] = executor.evaluate(AXPY, HONEST, SMOKE, torch.float16)
+            assert ev.status is Status.OK, ev.verification.message
+        speedups = executor.pair_speedups(AXPY, HONEST, HONEST, SMOKE[0], torch.float16, 8)
+        assert len(speedups) == 8 and all(s > 0 for s in speedups)
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+        executor.close()
 
 
 def test_a_blinded_worker_still_judges_honest_code_ok(blind):
@@ -254,6 +277,11 @@ def test_the_interpreter_wall_check_accepts_honest_rounds_and_rejects_impossible
     assert "far below" not in wall_problem(timing(1e-5), 0.045, device)
     assert "trusted side's clock" in wall_problem(timing(1e-5), 0.045, device)  # reported 1000x too fast
     assert "trusted side's clock" in wall_problem(timing(0.100), 0.045, device)  # more than the round took
+    # With the calling thread's CPU time, a loaded machine (the wall clock far above the work) is
+    # no reason to reject; CPU time far above the reported calls is.
+    assert wall_problem(timing(0.010), 2.0, device, cpu_s=0.045) == ""
+    assert "CPU time" in wall_problem(timing(1e-4), 2.0, device, cpu_s=0.045)
+    assert "trusted side's clock" in wall_problem(timing(0.100), 0.045, device, cpu_s=0.045)
     gpu = Timing(1e-6, 1e-6, 1e-6, 150, "cuda-events", "GPU")
     assert wall_problem(gpu, 0.5, device) == ""  # no lower bound on a GPU: launches dominate its wall time
 

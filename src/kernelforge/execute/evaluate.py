@@ -23,7 +23,7 @@ from kernelforge.devices.base import Device
 from kernelforge.errors import UserError
 # load_candidate lives with the runners; callers that import it from here keep working.
 from kernelforge.execute.runner import Entry, LocalRunner, Runner, load_candidate  # noqa: F401
-from kernelforge.execute.timing import TimingSet, make_timing_sets, time_round
+from kernelforge.execute.timing import TimedRound, TimingSet, make_timing_sets, time_round
 from kernelforge.execute.timing_check import check_round, replayed_inputs, timing_mismatch, with_figures
 from kernelforge.execute.verify import verify_again, verify_shape
 from kernelforge.result import Evaluation, Status, Timing, Verification
@@ -175,20 +175,20 @@ def evaluate(
 
 
 def _timed(block: Block, entry: Entry, shape: Shape, dtype: torch.dtype, device: Device,
-           rng: random.Random | None) -> tuple[Verification | None, Timing | None, list[TimingSet], float]:
+           rng: random.Random | None) -> tuple[Verification | None, Timing | None, list[TimingSet], TimedRound]:
     """One checked timing round: (failure or None, the timing with the round's figures, the
-    sets, the trusted wall clock of the round)."""
+    sets, the round as the trusted side saw it)."""
     sets = make_timing_sets(block, shape, dtype, device, entry.runner)
     done = time_round(block, entry, shape, dtype, device, sets, rng=rng)
     failure = check_round(block, shape, dtype, device, sets, done)
     timing = with_figures(done.timing, done) if done.timing is not None else None
-    return failure, timing, sets, done.wall_s
+    return failure, timing, sets, done
 
 
 def _time_and_recheck(block: Block, entry: Entry, shape: Shape, dtype: torch.dtype, device: Device, counts: Counts,
                       verdict: Verification, *, recheck: bool, seed: int,
                       rng: random.Random | None) -> tuple[Verification, Timing | None]:
-    failure, timing, sets, wall = _timed(block, entry, shape, dtype, device, rng)
+    failure, timing, sets, done = _timed(block, entry, shape, dtype, device, rng)
     if failure is not None:
         if failure.rel_error is None:  # the candidate raised, or broke a rule, while timed
             failure = dataclasses.replace(failure, rel_error=verdict.rel_error, excess=verdict.excess,
@@ -210,7 +210,7 @@ def _time_and_recheck(block: Block, entry: Entry, shape: Shape, dtype: torch.dty
                             f"{TIMING_FLAG} {shape.name}: the GPU was busy {timing.extra['drain_s'] * 1e6:.1f} us after "
                             f"the call returned while the events timed {timing.median_s * 1e6:.1f} us per call: work "
                             "the timed stream does not see (a side stream?)"), None
-    mismatch = timing_mismatch(shape, timing, wall, device, verdict.rel_error, verdict.excess, checks)
+    mismatch = timing_mismatch(shape, timing, done, device, verdict.rel_error, verdict.excess, checks)
     if mismatch is not None:
         return mismatch, None
     ceilings = device.ceilings() if timing.is_gpu else None
@@ -256,8 +256,8 @@ def pair_speedups(block: Block, baseline_source: str, candidate_source: str, sha
     for _ in range(pairs):
         times = []
         for entry in entries:
-            failure, timing, _, wall = _timed(block, entry, shape, dtype, device, rng)
-            if failure is not None or timing is None or timing_mismatch(shape, timing, wall, device, None, None, 0):
+            failure, timing, _, done = _timed(block, entry, shape, dtype, device, rng)
+            if failure is not None or timing is None or timing_mismatch(shape, timing, done, device, None, None, 0):
                 return []
             times.append(timing.median_s)
         speedups.append(times[0] / times[1])

@@ -26,6 +26,7 @@ import torch
 
 from kernelforge.candidate import load_module
 from kernelforge.devices.base import Device
+from kernelforge.execute.cputime import this_thread_cpu_seconds
 from kernelforge.execute.fingerprint import poison_free_memory
 from kernelforge.execute.guard import TRACEBACK_CHARS, CallReport, RunFn, run_call, settle
 from kernelforge.execute.harness import harness_changes, harness_snapshot
@@ -60,7 +61,10 @@ class Runner(Protocol):
     - :meth:`tampering` names harness functions the candidates loaded since :meth:`release`
       replaced (where they run); :meth:`release` ends a candidate's session and says why the
       runner must not serve another one (or None);
-    - :meth:`step` names what is being done (a runner may give each step a time limit).
+    - :meth:`step` names what is being done (a runner may give each step a time limit);
+    - :meth:`cpu_seconds` is the CPU time used so far by the thread that calls the candidates,
+      as the kernel accounts it (None where it cannot be read):
+      :mod:`kernelforge.execute.cputime`.
     """
 
     torch_device: torch.device
@@ -82,6 +86,8 @@ class Runner(Protocol):
     def tampering(self) -> list[str]: ...
 
     def release(self) -> str | None: ...
+
+    def cpu_seconds(self) -> float | None: ...
 
 
 @dataclass(frozen=True)
@@ -163,3 +169,7 @@ class LocalRunner:
     def release(self) -> str | None:
         self._snapshot = None
         return None
+
+    def cpu_seconds(self) -> float | None:
+        """The calling thread's CPU time (the candidates run in it)."""
+        return this_thread_cpu_seconds()

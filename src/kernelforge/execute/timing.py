@@ -49,7 +49,8 @@ class TimingSet:
 @dataclass(frozen=True)
 class TimedRound:
     """What one timing round gave the trusted side: the runner's ``timing`` and ``report``, the
-    trusted ``wall_s`` around the round, how many calls the runner ``prepared``, the ``chosen``
+    trusted ``wall_s`` around the round and the CPU time ``cpu_s`` the running process spent in it
+    (None: unknown), how many calls the runner ``prepared``, the ``chosen``
     preparation whose call was copied aside (from input set ``copied_set``; None: never made),
     and private copies of that call's results (``aside``: outputs and in-place inputs) and, for a
     block that does not reset its in-place inputs, of those inputs before it (``inplace_before``)."""
@@ -57,6 +58,7 @@ class TimedRound:
     timing: Timing | None
     report: CallReport
     wall_s: float
+    cpu_s: float | None
     prepared: int
     chosen: int
     copied_set: int | None
@@ -121,10 +123,13 @@ def time_round(block: Block, entry: Entry, shape: Shape, dtype: torch.dtype, dev
                                              for name in spec.inplace}
     job = TimingJob(tuple({**s.shared, **s.outputs} for s in sets), spec.names, spec.inplace, block.inplace_reset,
                     chosen, aside, before, int(block.counts(shape, dtype).bytes))
+    cpu_start = runner.cpu_seconds()
     start = time.perf_counter()
     answer = runner.time(entry.handle, job)
     wall = time.perf_counter() - start
-    return TimedRound(answer.timing, answer.report, wall, answer.prepared, chosen, answer.copied_set,
+    cpu_end = runner.cpu_seconds()
+    cpu = None if cpu_start is None or cpu_end is None else cpu_end - cpu_start
+    return TimedRound(answer.timing, answer.report, wall, cpu, answer.prepared, chosen, answer.copied_set,
                       {name: runner.snapshot(t) for name, t in aside.items()},
                       {name: runner.snapshot(t) for name, t in before.items()})
 

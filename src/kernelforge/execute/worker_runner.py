@@ -32,6 +32,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from kernelforge.devices.base import Device
+from kernelforge.execute.cputime import cpu_seconds
 from kernelforge.execute.guard import CallReport
 from kernelforge.execute.timed_calls import TimingAnswer, TimingJob
 from kernelforge.execute.wire import WireError, integer, names, report_from, timing_from, verification_from
@@ -192,3 +193,8 @@ class WorkerRunner:
         message = self._ask(("release",), "released")
         reason = self._checked(lambda v: None if v is None else str(v)[:300], message.get("retire"))
         return self.retire or reason
+
+    def cpu_seconds(self) -> float | None:
+        """The CPU time of the worker's calling thread, read from ``/proc`` here (the worker
+        cannot change it)."""
+        return None if self.process.pid is None else cpu_seconds(self.process.pid)
