@@ -49,6 +49,8 @@ def _timed_pairs(results: Iterable[StoredResult], baseline: Mapping[str, StoredR
         base = baseline.get(r.shape)
         if base is None or not (r.ok and base.ok) or not r.median_s or not base.median_s:
             return None
+        if r.timing_method != base.timing_method:  # one timing method per shape, or no comparison
+            return None
         pairs.append((r.median_s, base.median_s))
     return pairs or None
 
@@ -72,9 +74,25 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
-def rank(table: dict[str, dict[str, StoredResult]], baseline_id: str, shapes: list[str]) -> list[tuple[str, float]]:
-    """Candidates that passed on every shape, by geometric-mean speedup over the baseline, best first."""
-    base = table.get(baseline_id, {})
+def baseline_results(table: Mapping[str, Mapping[str, StoredResult]],
+                     baseline_ids: Mapping[str, str]) -> dict[str, StoredResult]:
+    """shape name -> the result of that shape's baseline (``baseline_ids``: shape name -> the id of
+    its baseline candidate; per-shape baselines differ between shapes), for shapes where it is stored."""
+    out = {}
+    for shape, candidate_id in baseline_ids.items():
+        row = table.get(candidate_id, {}).get(shape)
+        if row is not None:
+            out[shape] = row
+    return out
+
+
+def rank(table: dict[str, dict[str, StoredResult]], baseline: str | Mapping[str, StoredResult],
+         shapes: list[str]) -> list[tuple[str, float]]:
+    """Candidates that passed on every shape, by geometric-mean speedup over the baseline, best first.
+
+    ``baseline``: the baseline's candidate id (one baseline for every shape), or shape name -> the
+    baseline result of that shape (per-shape baselines, see :func:`baseline_results`)."""
+    base = table.get(baseline, {}) if isinstance(baseline, str) else baseline
     ranked = []
     for candidate_id, rows in table.items():
         if not all(s in rows for s in shapes):

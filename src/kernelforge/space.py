@@ -3,7 +3,8 @@
 Constraints are Python expressions over the parameter names (``"BLOCK_N <= BLOCK_M"``,
 ``"BLOCK_M * BLOCK_K * num_stages <= 65536"``), evaluated by a small interpreter that accepts only
 arithmetic, comparisons, boolean logic and ``min``/``max``: a job or template file can never run
-code through a constraint.
+code through a constraint. The same evaluator (:class:`Expression`) reads the ``when`` and
+``computed`` expressions of a template's baseline rules (:mod:`kernelforge.baselines`).
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from __future__ import annotations
 import ast
 import itertools
 import operator
+import random
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from kernelforge.errors import UserError
 
@@ -37,24 +39,39 @@ _CMPOPS = {
     ast.In: lambda a, b: a in b,
     ast.NotIn: lambda a, b: a not in b,
 }
-_FUNCS = {"min": min, "max": max, "abs": abs}
+#: The functions a space constraint may call.
+SAFE_FUNCTIONS: Mapping[str, Callable[..., Any]] = {"min": min, "max": max, "abs": abs}
 
 
-class Constraint:
-    """One parsed constraint expression; :meth:`holds` evaluates it at a point."""
+def _spoken(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
-    def __init__(self, text: str, known: set[str], where: str):
+
+class Expression:
+    """One parsed safe expression: arithmetic, comparisons, and/or/not, tuples and calls of
+    ``functions`` only, so a job or template file can never run code through it.
+
+    ``known``: the names it may use (None: any, checked only when it is evaluated); ``what``
+    names it in errors ("constraint", "when", ...). :meth:`evaluate` computes it over a mapping
+    of names to values (KeyError: a name the mapping lacks).
+    """
+
+    def __init__(self, text: str, known: set[str] | None, where: str, *, what: str = "constraint",
+                 functions: Mapping[str, Callable[..., Any]] = SAFE_FUNCTIONS):
         self.text = text
+        self.what = what
+        self.functions = dict(functions)
         try:
             self._tree = ast.parse(text, mode="eval").body
         except SyntaxError as exc:
-            raise UserError(f"{where}: constraint {text!r} is not a valid expression ({exc.msg})") from None
-        names = {n.id for n in ast.walk(self._tree) if isinstance(n, ast.Name)} - set(_FUNCS)
-        unknown = sorted(names - known)
+            raise UserError(f"{where}: {what} {text!r} is not a valid expression ({exc.msg})") from None
+        #: The names the expression reads (its functions excluded).
+        self.names = frozenset(n.id for n in ast.walk(self._tree) if isinstance(n, ast.Name)) - set(self.functions)
+        unknown = sorted(self.names - known) if known is not None else []
         if unknown:
             raise UserError(
-                f"{where}: constraint {text!r} names unknown parameter(s) {', '.join(unknown)}; "
-                f"parameters are {', '.join(sorted(known))}"
+                f"{where}: {what} {text!r} names unknown parameter(s) {', '.join(unknown)}; "
+                f"parameters are {', '.join(sorted(known or ()))}"
             )
         self._check_nodes(where)
 
@@ -64,49 +81,64 @@ class Constraint:
             ast.BinOp, ast.Compare, ast.Name, ast.Load, ast.Constant, ast.Call, ast.Tuple, ast.List,
             *_BINOPS, *_CMPOPS,
         )
+        names = list(self.functions)
         for node in ast.walk(self._tree):
             if not isinstance(node, allowed):
                 raise UserError(
-                    f"{where}: constraint {self.text!r} uses {type(node).__name__}, which is not "
-                    "allowed; use arithmetic, comparisons, and/or/not, min, max, abs"
+                    f"{where}: {self.what} {self.text!r} uses {type(node).__name__}, which is not "
+                    f"allowed; use arithmetic, comparisons, and/or/not, {', '.join(names)}"
                 )
             if isinstance(node, ast.Call) and not (
-                isinstance(node.func, ast.Name) and node.func.id in _FUNCS and not node.keywords
+                isinstance(node.func, ast.Name) and node.func.id in self.functions and not node.keywords
             ):
-                raise UserError(f"{where}: constraint {self.text!r} may only call min, max or abs")
+                raise UserError(f"{where}: {self.what} {self.text!r} may only call {_spoken(names)}")
 
-    def holds(self, point: Point) -> bool:
-        return bool(_evaluate(self._tree, point))
+    def evaluate(self, values: Point) -> Any:
+        """The expression's value over ``values`` (name -> value)."""
+        return _evaluate(self._tree, values, self.functions)
 
     def __repr__(self) -> str:
-        return f"Constraint({self.text!r})"
+        return f"{type(self).__name__}({self.text!r})"
 
 
-def _evaluate(node: ast.AST, point: Point) -> Any:
+class Constraint(Expression):
+    """One parsed constraint expression over a space's parameters; :meth:`holds` evaluates it at a point."""
+
+    def __init__(self, text: str, known: set[str], where: str):
+        super().__init__(text, known, where)
+
+    def holds(self, point: Point) -> bool:
+        return bool(self.evaluate(point))
+
+
+def _evaluate(node: ast.AST, point: Point, functions: Mapping[str, Callable[..., Any]]) -> Any:
+    def value(n: ast.AST) -> Any:
+        return _evaluate(n, point, functions)
+
     if isinstance(node, ast.Constant):
         return node.value
     if isinstance(node, ast.Name):
-        return _FUNCS[node.id] if node.id in _FUNCS else point[node.id]
+        return functions[node.id] if node.id in functions else point[node.id]
     if isinstance(node, (ast.Tuple, ast.List)):
-        return tuple(_evaluate(e, point) for e in node.elts)
+        return tuple(value(e) for e in node.elts)
     if isinstance(node, ast.BinOp):
-        return _BINOPS[type(node.op)](_evaluate(node.left, point), _evaluate(node.right, point))
+        return _BINOPS[type(node.op)](value(node.left), value(node.right))
     if isinstance(node, ast.UnaryOp):
-        value = _evaluate(node.operand, point)
-        return {ast.Not: operator.not_, ast.USub: operator.neg, ast.UAdd: operator.pos}[type(node.op)](value)
+        operand = value(node.operand)
+        return {ast.Not: operator.not_, ast.USub: operator.neg, ast.UAdd: operator.pos}[type(node.op)](operand)
     if isinstance(node, ast.BoolOp):
-        values = (_evaluate(v, point) for v in node.values)
+        values = (value(v) for v in node.values)
         return all(values) if isinstance(node.op, ast.And) else any(values)
     if isinstance(node, ast.Compare):
-        left = _evaluate(node.left, point)
+        left = value(node.left)
         for op, comparator in zip(node.ops, node.comparators):
-            right = _evaluate(comparator, point)
+            right = value(comparator)
             if not _CMPOPS[type(op)](left, right):
                 return False
             left = right
         return True
     if isinstance(node, ast.Call):
-        return _evaluate(node.func, point)(*(_evaluate(a, point) for a in node.args))
+        return value(node.func)(*(value(a) for a in node.args))
     raise TypeError(f"unexpected node {type(node).__name__}")  # excluded by _check_nodes
 
 
@@ -167,6 +199,20 @@ class Space:
 
     def contains(self, point: Point) -> bool:
         return not self.problems(point)
+
+    def valid_count(self, *, exact_up_to: int = 200_000, samples: int = 20_000) -> tuple[int, bool]:
+        """How many points satisfy the constraints, and whether that is exact: counted over the
+        grid up to ``exact_up_to`` points, else estimated from ``samples`` uniform draws (seeded,
+        so the estimate is the same every time); a million-point space is not listed to count it."""
+        if not self.constraints or self.size <= exact_up_to:
+            return (self.size if not self.constraints else sum(1 for _ in self.points())), True
+        rng = random.Random(0)
+        names = self.names
+        hits = 0
+        for _ in range(samples):
+            point = {name: rng.choice(values) for name, values in zip(names, (v for _, v in self.params))}
+            hits += all(c.holds(point) for c in self.constraints)
+        return round(self.size * hits / samples), False
 
     def points(self) -> Iterator[dict[str, Any]]:
         """Every point that satisfies the constraints, in grid order."""

@@ -23,6 +23,11 @@ TOML header that declares the template and its space::
     num_stages = 3
     -#}
 
+A baseline template may also declare per-shape baseline points: ``[[baselines]]`` rules (the first
+whose ``when`` holds for a shape gives its point, ``[baseline]`` is the fallback) and ``[template]
+baseline_source`` naming where ``[baseline]`` comes from; see :mod:`kernelforge.baselines` and
+:meth:`Template.baseline_for`.
+
 The variables the template body uses must be exactly the declared parameters, and rendering with a
 missing or unknown parameter fails (StrictUndefined). The rendered text is a self-contained Python
 module with a ``run(**inputs, out)`` entry point (see :mod:`kernelforge.block`).
@@ -35,13 +40,17 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import jinja2
 from jinja2 import meta
 
+from kernelforge.baselines import DEFAULT_SOURCE, BaselinePoint, BaselineRule, parse_rules, resolve
 from kernelforge.errors import TemplateError
 from kernelforge.space import Space
+
+if TYPE_CHECKING:
+    from kernelforge.block import Shape
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -68,7 +77,12 @@ def _compiled(text: str) -> jinja2.Template:
 
 @dataclass(frozen=True)
 class Template:
-    """A parsed, validated template. Build with :meth:`from_file` or :meth:`from_text`."""
+    """A parsed, validated template. Build with :meth:`from_file` or :meth:`from_text`.
+
+    ``baseline`` is the ``[baseline]`` point; ``baseline_rules`` the parsed ``[[baselines]]``
+    (empty for most templates: then every shape's baseline is ``baseline``) and
+    ``baseline_source`` where ``[baseline]`` comes from.
+    """
 
     id: str
     block_id: str
@@ -80,6 +94,8 @@ class Template:
     description: str = ""
     deterministic: bool = True
     path: Path | None = field(default=None, compare=False)
+    baseline_source: str = DEFAULT_SOURCE
+    baseline_rules: tuple[BaselineRule, ...] = ()
 
     @classmethod
     def from_file(cls, path: Path, block_id: str) -> "Template":
@@ -107,10 +123,10 @@ class Template:
         except tomllib.TOMLDecodeError as exc:
             raise TemplateError(f"{where}: header is not valid TOML ({exc})") from None
         info = header.get("template", {})
-        unknown_tables = sorted(set(header) - {"template", "space", "baseline"})
+        unknown_tables = sorted(set(header) - {"template", "space", "baseline", "baselines"})
         if unknown_tables:
             raise TemplateError(f"{where}: unknown header table(s) {', '.join(unknown_tables)}; "
-                                "use [template], [space], [baseline]")
+                                "use [template], [space], [baseline] (and [[baselines]] rules)")
         if "space" not in header or not header["space"]:
             raise TemplateError(f"{where}: header has no [space] table; declare each parameter's values")
         for table in ("template", "space", "baseline"):
@@ -131,6 +147,14 @@ class Template:
             raise TemplateError(f"{where} [template] role: {role!r} is not one of {', '.join(ROLES)}")
         if origin not in ORIGINS:
             raise TemplateError(f"{where} [template] origin: {origin!r} is not one of {', '.join(ORIGINS)}")
+        baseline_source = info.get("baseline_source", DEFAULT_SOURCE)
+        if not isinstance(baseline_source, str) or not baseline_source.strip():
+            raise TemplateError(f'{where} [template] baseline_source: must be a non-empty string naming where '
+                                f'[baseline] comes from, e.g. baseline_source = "vLLM get_default_config"')
+        rules = parse_rules(header["baselines"], space, baseline, where) if "baselines" in header else ()
+        if rules and role != "baseline":
+            raise TemplateError(f'{where} [[baselines]]: only a role = "baseline" template has per-shape '
+                                f"baselines; remove the rules or make this the block's baseline template")
         try:
             parsed = _ENV.parse(text)
         except jinja2.TemplateSyntaxError as exc:
@@ -155,6 +179,8 @@ class Template:
             description=str(info.get("description", "")),
             deterministic=bool(info.get("deterministic", True)),
             path=path,
+            baseline_source=baseline_source,
+            baseline_rules=rules,
         )
 
     def render(self, point: Mapping[str, Any]) -> str:
@@ -173,3 +199,10 @@ class Template:
 
     def render_baseline(self) -> str:
         return self.render(self.baseline)
+
+    def baseline_for(self, shape: "Shape") -> BaselinePoint:
+        """The baseline point of ``shape``: the first ``[[baselines]]`` rule whose ``when`` holds
+        (its parameters over ``[baseline]``), else ``[baseline]`` with :attr:`baseline_source`.
+        Raises TemplateError naming the rule and the shape when a rule cannot be resolved there."""
+        return resolve(self.baseline_rules, shape, self.space, self.baseline, self.baseline_source,
+                       str(self.path or self.id))

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from kernelforge.baselines import cdiv, flash_attn_num_splits
 from kernelforge.devices import interpreter
 from kernelforge.block import DISTRIBUTIONS, Shape, Tolerance
 from kernelforge.template import Template
@@ -154,6 +155,73 @@ def test_baseline_point_fp16(block, baseline, distribution):
         out, ref = _run(module, block, shape, torch.float16, distribution)
         ok, why = within(out, ref, block.tolerance(torch.float16, "cpu"))
         assert ok, f"{shape.name} {distribution}: {why}"
+
+
+# -- per-shape baselines: FlashAttention-2's split count ----------------------------------------
+
+
+def fa2_arguments(shape: Shape) -> tuple[int, int, int, int]:
+    """What FlashAttention-2's mha_fwd_kvcache passes to num_splits_heuristic for this decode call
+    on a 132-SM H100/H200 (the derivation is in the baseline template's header): full layers are
+    GQA-packed (H_KV heads of H_Q / H_KV query rows), window layers are not (H_Q heads of 1 row);
+    twice the SM count; 256-key blocks over the cache's length; at most 128 splits."""
+    if shape["WINDOW"] == 0:
+        rows = shape["B"] * shape["H_KV"] * cdiv(shape["H_Q"] // shape["H_KV"], 64)
+    else:
+        rows = shape["B"] * shape["H_Q"] * cdiv(1, 64)
+    return rows, 2 * 132, cdiv(shape["S_MAX"], 256), 128
+
+
+def _every_shape(block) -> list[Shape]:
+    return [s for shapes in block.shape_sets().values() for s in shapes] + [block.compile_shape()]
+
+
+def test_baseline_splits_follow_flash_attention_2(block, baseline):
+    fixed = {k: v for k, v in baseline.baseline.items() if k != "NUM_KV_SPLITS"}
+    for shape in _every_shape(block):
+        resolved = baseline.baseline_for(shape)
+        splits = resolved.point["NUM_KV_SPLITS"]
+        assert splits == flash_attn_num_splits(*fa2_arguments(shape)), shape.name
+        assert splits in baseline.space.values("NUM_KV_SPLITS"), f"{shape.name}: {splits} is not in the space"
+        assert not baseline.space.problems(dict(resolved.point)), shape.name
+        assert {k: resolved.point[k] for k in fixed} == fixed, f"{shape.name}: only the split count follows FA2"
+        assert resolved.rule == (0 if shape["WINDOW"] == 0 else 1), shape.name
+        assert "num_splits_heuristic" in resolved.source and "flash_api.cpp" in resolved.source
+    assert "SGLang" in baseline.baseline_source
+
+
+#: Split counts worked out by hand from FA2's heuristic at the real presets (264 = 2 x 132 SMs): a
+#: wrong argument in the template (132 SMs, 128-key blocks, no GQA packing) changes some of them.
+FA2_SPLITS = {
+    "gpt-oss/interactive/b1/full": 18,
+    "gpt-oss/8k1k/b1/full": 18,
+    "gpt-oss/rag/b1/full": 33,
+    "gpt-oss/coding/b1/full": 27,
+    "gpt-oss/long_context/b1/full": 29,
+    "gpt-oss/interactive/b8/full": 4,
+    "gpt-oss/long_context/b32/full": 1,
+    "gpt-oss/interactive/b1/window128": 4,
+    "gpt-oss/rag/b8/window128": 1,
+    "smoke/full": 1,
+}
+
+
+def test_baseline_split_counts_at_presets(block, baseline):
+    for name, splits in FA2_SPLITS.items():
+        assert baseline.baseline_for(block.shapes(name)[0]).point["NUM_KV_SPLITS"] == splits, name
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("splits, names", [(3, ("smoke", "check")), (29, ("check/ragged/full",))],
+                         ids=["S3", "S29"])
+def test_split_counts_that_are_not_powers_of_two(block, baseline, splits, names):
+    """FA2's counts (18, 27, 29, 33) are not powers of two: stage 2 must merge any number of splits,
+    including splits that get no keys (the ragged check shape's short sequences)."""
+    module = _module(baseline, {**dict(baseline.baseline), "NUM_KV_SPLITS": splits})
+    for shape in (s for name in names for s in block.shapes(name)):
+        out, ref = _run(module, block, shape, torch.float16)
+        ok, why = within(out, ref, block.tolerance(torch.float16, "cpu"))
+        assert ok, f"{shape.name} with {splits} splits: {why}"
 
 
 OTHER_POINTS = [

@@ -197,24 +197,95 @@ def test_discovered_by_the_catalog(catalog):
 
 def test_baseline_template_header():
     assert BASELINE.role == "baseline" and BASELINE.origin == "human"
-    assert BASELINE.baseline == {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32,
-                                 "GROUP_SIZE_M": 8, "num_warps": 4, "num_stages": 3}
+    gemm1 = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 8, "num_warps": 4,
+             "num_stages": 3}
+    gemm2 = {"BLOCK_SIZE_N2": 64, "BLOCK_SIZE_K2": 32, "GROUP_SIZE_M2": 8, "num_warps2": 4, "num_stages2": 3}
+    assert BASELINE.baseline == {**gemm1, **gemm2}  # vLLM's default for M > E, for both GEMMs
+    assert "get_default_config" in BASELINE.baseline_source
     module = _kernel(BASELINE)
     assert list(inspect.signature(module.run).parameters) == [
         "x", "topk_ids", "topk_weights", "w1", "b1", "w2", "b2", "out"]
 
 
+def test_space_covers_vllms_tuner_for_both_gemms():
+    """vLLM's tuner space (benchmarks/kernels/benchmark_moe.py get_configs_compute_bound, CUDA) is
+    inside the space for GEMM1 and for GEMM2, and its shared-memory constraints keep every point of
+    vLLM's tuned file but drop tiles that cannot fit on H100/H200."""
+    tuner = {"BLOCK_SIZE_M": [16, 32, 64, 128, 256], "BLOCK_SIZE_N": [32, 64, 128, 256],
+             "BLOCK_SIZE_K": [64, 128, 256], "GROUP_SIZE_M": [1, 16, 32, 64], "num_warps": [4, 8],
+             "num_stages": [2, 3, 4, 5]}
+    gemm2 = {"BLOCK_SIZE_N": "BLOCK_SIZE_N2", "BLOCK_SIZE_K": "BLOCK_SIZE_K2", "GROUP_SIZE_M": "GROUP_SIZE_M2",
+             "num_warps": "num_warps2", "num_stages": "num_stages2"}
+    for name, values in tuner.items():
+        assert set(values) <= set(BASELINE.space.values(name)), name
+        if name in gemm2:
+            assert set(values) <= set(BASELINE.space.values(gemm2[name])), gemm2[name]
+    huge = {**BASELINE.baseline, "BLOCK_SIZE_M": 256, "BLOCK_SIZE_N": 256, "BLOCK_SIZE_K": 256, "num_stages": 2}
+    assert not BASELINE.space.contains(huge)  # GEMM1: (256 + 256) * 256 * 2 stages * 2 B > 232448
+    assert not BASELINE.space.contains({**BASELINE.baseline, "BLOCK_SIZE_M": 256, "BLOCK_SIZE_N2": 256,
+                                        "BLOCK_SIZE_K2": 256, "num_stages2": 2})  # GEMM2's own constraint
+    # 32/64/256 with 5 stages (vLLM's file at 512 tokens) measured 196608 bytes: below BM 64, num_stages - 1.
+    assert BASELINE.space.contains({**BASELINE.baseline, "BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64,
+                                    "BLOCK_SIZE_K": 256, "num_stages": 5, "GROUP_SIZE_M": 1})
+
+
+def _launches(point: dict, shape: Shape) -> dict[str, tuple]:
+    """kernel name -> (grid, launch keyword arguments) of one call of the template at ``point``;
+    the kernels are replaced by recorders (only the host-side alignment runs)."""
+    from kernelforge.candidate import Candidate, load_module
+
+    module = load_module(Candidate.from_template(BASELINE, {**BASELINE.baseline, **point}).source,
+                         name_hint="kf_moe_launches")
+    seen: dict[str, tuple] = {}
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: seen.setdefault(self.name, (grid, kwargs))
+
+    module._gemm1_swiglu_kernel = Recorder("gemm1")
+    module._gemm2_kernel = Recorder("gemm2")
+    module._topk_sum_kernel = Recorder("sum")
+    inputs = BLOCK.make_inputs(shape, torch.float16, "cpu", 0)
+    module.run(**inputs, out=BLOCK.make_output(shape, torch.float16, "cpu"))
+    return seen
+
+
+def test_gemm1_and_gemm2_launch_with_their_own_parameters():
+    shape = SMOKE[0]  # T 16, E 8, H 128, I 128
+    point = {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 16, "num_warps": 8,
+             "num_stages": 2, "BLOCK_SIZE_N2": 32, "BLOCK_SIZE_K2": 128, "GROUP_SIZE_M2": 1, "num_warps2": 4,
+             "num_stages2": 5}
+    seen = _launches(point, shape)
+    (grid1, kw1), (grid2, kw2) = seen["gemm1"], seen["gemm2"]
+    assert (kw1["BLOCK_SIZE_M"], kw1["BLOCK_SIZE_N"], kw1["BLOCK_SIZE_K"], kw1["GROUP_SIZE_M"]) == (32, 128, 32, 16)
+    assert (kw1["num_warps"], kw1["num_stages"], kw1["HALF_N"]) == (8, 2, 64)
+    assert (kw2["BLOCK_SIZE_M"], kw2["BLOCK_SIZE_N"], kw2["BLOCK_SIZE_K"], kw2["GROUP_SIZE_M"]) == (32, 32, 128, 1)
+    assert (kw2["num_warps"], kw2["num_stages"]) == (4, 5)
+    # GEMM1's N tile is BLOCK_SIZE_N rows of W1 = 64 activation columns: I / 64 = 2 tiles per M-tile;
+    # GEMM2 tiles H = 128 by BLOCK_SIZE_N2 = 32: 4 per M-tile. Both walk the same M-tiles.
+    num_pid_m = grid2[0] // 4
+    assert grid1 == (num_pid_m * 2,) and grid2 == (num_pid_m * 4,)
+
+
 POINTS = {
     "baseline": {},
-    # Near vLLM's default for M <= E (decode; it uses BLOCK_SIZE_N 32, twice the programs here):
-    # many small tiles, more padding rows.
-    "small": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1},
+    # vLLM's default for M <= E (decode) for both GEMMs: many small tiles, more padding rows, and
+    # GEMM1's narrowest tile (BLOCK_SIZE_N 32 rows of W1: 16 activation columns).
+    "small": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1,
+              "BLOCK_SIZE_N2": 32, "BLOCK_SIZE_K2": 64, "GROUP_SIZE_M2": 1},
+    # GEMM1 and GEMM2 at different tiles (a wide GEMM1 tile, a narrow, deep GEMM2 one).
+    "split": {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 16,
+              "BLOCK_SIZE_N2": 32, "BLOCK_SIZE_K2": 128, "GROUP_SIZE_M2": 1},
     # Tiles larger than every expert's token list and than H, I (all-masked edges).
-    "large": {"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 16, "num_stages": 2},
+    "large": {"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 256, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 16, "num_stages": 2,
+              "BLOCK_SIZE_N2": 128, "BLOCK_SIZE_K2": 128, "GROUP_SIZE_M2": 16, "num_stages2": 2},
 }
-# Every smoke shape at the baseline and the small point; the large point (slowest in the
-# interpreter) on the cheapest smoke shape only, to keep this file within its time budget.
-POINT_CASES = [(s, p) for s in SMOKE for p in ("baseline", "small")] + [(SMOKE[1], "large")]
+# Every smoke shape at the baseline and the small point; the split and large points (the large one is
+# the slowest in the interpreter) on the cheapest smoke shape only, to keep this file within its time budget.
+POINT_CASES = [(s, p) for s in SMOKE for p in ("baseline", "small")] + [(SMOKE[1], "split"), (SMOKE[1], "large")]
 
 
 @pytest.mark.interpreter
@@ -228,7 +299,8 @@ def test_baseline_matches_reference_fp16(shape, point):
 @pytest.mark.interpreter
 @pytest.mark.parametrize("shape", CHECK, ids=str)
 def test_baseline_on_held_out_shapes_fp16(shape):
-    out, ref = _run(_kernel(BASELINE), shape, torch.float16)
+    # At the shape's own baseline point (vLLM's M <= E default on check/T1 and check/T7).
+    out, ref = _run(module_at(BASELINE, dict(BASELINE.baseline_for(shape).point)), shape, torch.float16)
     rel, elem = _errors(out, ref, BLOCK.tolerance(torch.float16, "cpu"))
     assert rel <= BLOCK.tolerance(torch.float16, "cpu").rel_norm and elem <= 1.0, (rel, elem)
 

@@ -59,13 +59,13 @@ def searched(tmp_path_factory):
 def view(run):
     """The finished search as a proposer sees it (its baseline results from the store)."""
     block = run.catalog.block(BLOCK)
-    baselines = {BLOCK: Pipeline(run, PolicyGate()).stored(run.baselines[BLOCK], block.shapes("smoke"))}
+    baselines = {BLOCK: Pipeline(run, PolicyGate()).stored(run.first_baseline(BLOCK), block.shapes("smoke"))}
     return View(run, Reserve(), {}, baselines, lambda: 0)
 
 
 def test_the_prompt_carries_what_the_model_needs(searched):
     store = searched.store
-    baseline_id = searched.baselines[BLOCK].id
+    baseline_id = searched.first_baseline(BLOCK).id
     others = [c for c in store.candidates(BLOCK) if c.id != baseline_id]
     store.add_compile(others[0].id, "sm_90", "float16", "ok", "", [
         {"name": "_axpy", "registers": 42, "spill_stores": 8, "spill_loads": 4, "shared_bytes": 1024,

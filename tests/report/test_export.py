@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from kernelforge.catalog import Catalog
 from kernelforge.cli.main import main
-from kernelforge.report.export import VLLM_KEYS, vllm_file_name
+from kernelforge.report.export import GEMM2_KEYS, VLLM_KEYS, vllm_file_name
 from kernelforge.job import load_job
 from kernelforge.search.progress import Progress
 from kernelforge.report.collect import collect
@@ -83,11 +83,16 @@ def test_vllm_export_of_a_real_moe_search(tmp_path):
     assert list(config) == ["8"]  # token count T as a string
     assert list(config["8"]) == list(VLLM_KEYS)
     assert all(type(v) is int for v in config["8"].values())
-    # The exported values are the report's winner for T 8 (the baseline's point if nothing beat it).
-    assert config["8"] == {k: row.params[k] for k in VLLM_KEYS}
+    # The exported values are the report's winner for T 8 (the baseline's point if nothing beat it);
+    # a winner that configures GEMM2 apart cannot go into vLLM's one-configuration file: with only
+    # the baseline beside it, the baseline's configuration is written, and the note says why.
+    split = any(row.params[f"{k}2"] != row.params[k] for k in GEMM2_KEYS)
+    shipped, shipped_id = (row.baseline_params, row.baseline) if split else (row.params, row.winner)
+    assert config["8"] == {k: shipped[k] for k in VLLM_KEYS}
+    assert ("exported the baseline's own configuration instead" in result.output) == split
     meta = json.loads((tmp_path / "out" / "kernelforge-export-vllm.json").read_text())
     [entry] = meta["entries"]
-    assert entry["candidate"] == row.winner and entry["token_count"] == "8"
+    assert entry["candidate"] == shipped_id and entry["token_count"] == "8"
     assert "Interpreter timings" in result.output  # the caveat is printed, not hidden
 
 
@@ -151,3 +156,35 @@ def test_vllm_export_of_a_job_without_moe_is_a_clear_error(h200, tmp_path):
     assert result.exit_code == 2
     assert "has no MoE block" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "out").exists()
+
+
+def test_vllm_export_of_a_winner_with_its_own_gemm2_configuration(tmp_path):
+    """vLLM's fused_moe config holds one configuration for both GEMMs: a winner that configures
+    GEMM2 apart is not written there (it would be shipped half-applied); the fastest measured
+    candidate with one configuration is, and the note says why."""
+    import dataclasses
+    import time as clock
+
+    from kernelforge.candidate import Candidate
+
+    catalog = Catalog.discover(KERNELS)
+    path, expected = synthetic.build(tmp_path, catalog, name="split")
+    template = catalog.baseline("moe/gpt_oss_experts")
+    shape = "gpt-oss-120b/T64"
+    won = expected[("moe/gpt_oss_experts", shape)]
+    split = Candidate.from_template(template, {**won["params"], "BLOCK_SIZE_N2": 128 if won["params"]["BLOCK_SIZE_N2"] != 128 else 64},
+                                    origin="optuna")
+    store = Store(f"sqlite:///{tmp_path / 'split.db'}")
+    store.add_candidate(split, "split")
+    like = next(r for r in store.results(block="moe/gpt_oss_experts") if r.shape == shape and r.candidate_id == won["winner"])
+    store.add_result(dataclasses.replace(like, candidate_id=split.id, median_s=0.5 * like.median_s,
+                                         p20_s=0.5 * like.p20_s, p80_s=0.5 * like.p80_s, created=clock.time()))
+    store.close()
+    result = export(path, "vllm", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    config = json.loads((tmp_path / "out" / "E=128,N=2880,device_name=NVIDIA_H200.json").read_text())
+    # The split winner is not written; the fastest single-configuration candidate (the previous
+    # winner) stands for T 64, and the note says so.
+    assert config["64"] == {k: won["params"][k] for k in VLLM_KEYS}
+    assert "GEMM2 apart from GEMM1" in result.output and "BLOCK_SIZE_N2=" in result.output
+    assert f"exported the fastest single-configuration candidate {won['winner']}" in result.output

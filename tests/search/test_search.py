@@ -132,7 +132,10 @@ def _wait_for_evaluations(proc: subprocess.Popen, count: int) -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["sigkill", "ctrl-c"])
 def test_killed_search_resumes_to_the_full_budget(tmp_path, sig):
-    path = job_file(tmp_path, name="kill", evaluations=8)
+    # The signal must land mid-search, even when this process waits long for the CPU on a loaded
+    # machine while the search runs on: one study per shape, 3 x 8 evaluations of one shape each
+    # (every point of the toy space on every shape, the same work as 8 on all three shapes).
+    path = job_file(tmp_path, name="kill", tune="per-shape", evaluations=8)
     proc = _spawn(path, tmp_path)
     _wait_for_evaluations(proc, 3)
     proc.send_signal(sig)
@@ -142,7 +145,7 @@ def test_killed_search_resumes_to_the_full_budget(tmp_path, sig):
     assert code == (-signal.SIGKILL if sig == signal.SIGKILL else 130)
     db = tmp_path / "reports" / "kill" / "kernelforge.db"
     stored_before = set(rows(db, "select candidate_id, shape from kf_results"))
-    assert len(stored_before) >= 3 * 3
+    assert len(stored_before) >= 3 + 3  # the baseline on every shape, and three evaluations
     finish = subprocess.run([*CLI, "search", str(path), "--progress", "quiet", "--no-compile"], cwd=tmp_path,
                             capture_output=True, text=True, timeout=300)
     assert finish.returncode == 0, finish.stderr
@@ -150,7 +153,7 @@ def test_killed_search_resumes_to_the_full_budget(tmp_path, sig):
     assert stored_before <= set(after), "a stored result was lost"
     assert len(after) == len(set(after)), "a result was stored twice"
     evaluated = {c for c, _ in after}
-    assert len(evaluated) == 8 + 1  # the budget plus the baseline, each on every shape
+    assert len(evaluated) == 8 + 1  # each study's budget plus the baseline: every point, on every shape
     assert len(after) == 9 * 3
     assert (tmp_path / "reports" / "kill" / "REPORT.md").exists()
 

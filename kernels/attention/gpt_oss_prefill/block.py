@@ -29,7 +29,7 @@ GPT_OSS = dict(H_Q=64, H_KV=8, D=64)
 GPT_OSS_WINDOW = 128
 
 #: Prefill tokens of each workload profile (BLOCKS.md, workload profiles).
-PROFILES = {"interactive": 8000, "rag": 32000, "coding": 64000, "long_context": 128000}
+PROFILES = {"interactive": 8000, "rag": 32000, "coding": 64000, "long_context": 128000, "8k1k": 8192}
 
 
 def allowed_pairs(s_q: int, s_kv: int, window: int) -> int:

@@ -43,6 +43,9 @@ _B2_STD = 1.0
 
 #: The token counts serving sees per MoE call: decode batches up to prefill chunks.
 PRESET_TOKENS: tuple[int, ...] = (1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+#: Prompt lengths of the workload profiles (BLOCKS.md): a prefill runs the experts once over the
+#: whole prompt (sets ``<model>-prefill``; the model-level projection reads them).
+PREFILL_TOKENS: tuple[int, ...] = (8000, 8192, 32000, 64000, 128000)
 #: Real model presets: name -> (E, H, I, TOPK) (BLOCKS.md, model dimensions).
 PRESETS: dict[str, tuple[int, int, int, int]] = {
     "gpt-oss-120b": (128, 2880, 2880, 4),
@@ -143,6 +146,7 @@ class GptOssExperts(Block):
         }
         for model, (E, H, I, topk) in PRESETS.items():
             sets[model] = [_shape(f"{model}/T{T}", T=T, E=E, H=H, I=I, topk=topk) for T in PRESET_TOKENS]
+            sets[f"{model}-prefill"] = [_shape(f"{model}/T{T}", T=T, E=E, H=H, I=I, topk=topk) for T in PREFILL_TOKENS]
         return sets
 
     def compile_shape(self) -> Shape:
@@ -161,7 +165,14 @@ class GptOssExperts(Block):
     ) -> dict[str, Any]:
         """x [T, H] (dtype, the distribution applies here: the activations), topk_ids [T, TOPK]
         int32, topk_weights [T, TOPK] fp32 (softmax of unit-normal logits over the k), w1 [E, 2I, H],
-        b1 [E, 2I], w2 [E, H, I], b2 [E, H] (dtype, unit normal scaled; see the module constants)."""
+        b1 [E, 2I], w2 [E, H, I], b2 [E, H] (dtype, unit normal scaled; see the module constants).
+
+        Drawn where they are used: on a GPU, x and each expert's W1 and W2 come from a generator on
+        ``device`` seeded from ``seed`` (:func:`kernelforge.block.random_tensor`), so the same seed
+        gives the same inputs on that device. GPT-OSS-120b's experts are about 3.2 G values, which
+        the CPU draws at over a second per expert (issue 11): a GPU run must not draw them there. On
+        the CPU (the interpreter) all values come from the CPU generator. The routing (ids, weights)
+        is always drawn on the CPU (T x E values at most) and moved."""
         T, E, topk, H, I = shape["T"], shape["E"], shape["TOPK"], shape["H"], shape["I"]
         gen = generator(seed, device)
         x = random_tensor((T, H), gen, distribution, dtype=dtype, device=device)
@@ -169,7 +180,7 @@ class GptOssExperts(Block):
         logits = torch.randn(T, topk, generator=gen, dtype=torch.float32)
         weights = torch.softmax(logits, dim=1)
         # Expert weights are drawn one expert at a time: the fp32 draw of all of W1 at E=128,
-        # H=I=2880 would need 8.5 GB of host memory (one expert: 66 MB).
+        # H=I=2880 would need 8.5 GB of (host or device) memory at once (one expert: 66 MB).
         w1 = _expert_stack(gen, E, (2 * I, H), _W1_STD / math.sqrt(H), dtype, device)
         b1 = random_tensor((E, 2 * I), gen, "normal", scale=_B1_STD, dtype=dtype, device=device)
         w2 = _expert_stack(gen, E, (H, I), _W2_STD / math.sqrt(I), dtype, device)

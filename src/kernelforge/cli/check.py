@@ -43,7 +43,8 @@ def check(ctx: click.Context, names: tuple[str, ...], device_name: str | None, s
     (``KERNELFORGE_COMPILE_TIMEOUT``, ``KERNELFORGE_RUN_TIMEOUT``) and the same verdicts.
 
     NAMES are block ids (meaning their baseline template) or template ids; none means every block.
-    PARAM=VALUE arguments override the baseline point.
+    Each shape is checked at its own baseline point (a template's per-shape [[baselines]] rules);
+    PARAM=VALUE arguments override it.
     """
     from kernelforge.candidate import Candidate
     from kernelforge.devices.registry import default_device_name
@@ -72,8 +73,13 @@ def check(ctx: click.Context, names: tuple[str, ...], device_name: str | None, s
                     f"{block.counts(heavy[0], dtype).flops:.2g} FLOP per call, far too much for the "
                     "interpreter; use --device cuda, or --shapes smoke / check on a CPU"
                 )
-        candidate = Candidate.from_template(template, {**template.baseline, **overrides})
-        plans.append((template, block, shapes, candidate))
+        # Each shape at its own baseline point (the template's [[baselines]] rules), as a search
+        # measures it; PARAM=VALUE overrides apply on top.
+        groups: dict[str, tuple[Candidate, list]] = {}
+        for shape in shapes:
+            candidate = Candidate.from_template(template, {**template.baseline_for(shape).point, **overrides})
+            groups.setdefault(candidate.id, (candidate, []))[1].append(shape)
+        plans.extend((template, block, group, candidate) for candidate, group in groups.values())
     try:
         executor.prepare()
         env = executor.describe()

@@ -33,7 +33,8 @@ def templates(ctx: click.Context, block_id: str | None) -> None:
     """List the templates (of one block, or all) with their spaces and baseline points.
 
     Below the table, each template's space: every parameter with its values (the baseline value
-    in brackets) and the constraints a point must satisfy.
+    in brackets) and the constraints a point must satisfy; for a baseline template, where its
+    [baseline] point comes from and its per-shape [[baselines]] rules, each with its source.
     """
     catalog = catalog_of(ctx)
     table = Table(title="templates")
@@ -42,8 +43,9 @@ def templates(ctx: click.Context, block_id: str | None) -> None:
     chosen = catalog.templates(block_id) if block_id else catalog.all_templates()
     for template in chosen:
         point = " ".join(f"{k}={v}" for k, v in template.baseline.items())
-        valid = sum(1 for _ in template.space.points())
-        table.add_row(template.id, template.role, template.origin, str(template.space.size), str(valid), point)
+        valid, exact = template.space.valid_count()
+        table.add_row(template.id, template.role, template.origin, str(template.space.size),
+                      str(valid) if exact else f"~{valid} (sampled)", point)
     console.print(table)
     for template in chosen:
         console.print()
@@ -59,6 +61,11 @@ def space_lines(template) -> list[str]:
         lines.append(f"  {name.ljust(width)}  {', '.join(cells)}")
     constraints = [c.text for c in template.space.constraints]
     lines.append("  constraints: " + ("; ".join(constraints) if constraints else "none"))
+    if template.role == "baseline":
+        lines.append(f"  baseline source: {template.baseline_source}")
+        if template.baseline_rules:
+            lines.append("  per-shape baselines (the first rule whose `when` holds; else [baseline]):")
+            lines.extend(f"    {rule.describe()}" for rule in template.baseline_rules)
     return lines
 
 
@@ -97,6 +104,9 @@ def new(ctx: click.Context, name: str) -> None:
         raise UserError(f"{path} already exists; choose another name or edit it")
     baseline = catalog.baseline(block_id)
     text = re.sub(r'(?m)^role\s*=\s*"baseline"', 'role = "variant"', baseline.text, count=1)
+    # Per-shape baselines belong to the baseline template only: the variant starts at [baseline].
+    text = re.sub(r'(?ms)^\[\[baselines\]\][ \t]*\n.*?(?=^\[|^-?#\})', "", text)
+    text = re.sub(r'(?m)^baseline_source\s*=.*\n', "", text, count=1)
     text = re.sub(r'(?m)^description\s*=\s*".*"$', f'description = "Variant of {baseline.id}: describe your change"',
                   text, count=1)
     path.write_text(text, encoding="utf-8")

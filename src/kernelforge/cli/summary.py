@@ -43,7 +43,7 @@ def print_summary(job, catalog, store, outcome, report_path: Path | None) -> Non
 
 
 def block_line(block) -> str:
-    """One block's best speedup over the baseline and how far the confirmation backs it."""
+    """One block's best speedup over its shapes' baselines and how far the confirmation backs it."""
     if not block.shapes or all(row.baseline_s is None for row in block.shapes):
         return "nothing measured yet"
     beaten = [row for row in block.shapes if not row.winner_is_baseline and row.speedup]
@@ -60,4 +60,6 @@ def block_line(block) -> str:
         backing = f"confirmed on {confirmed} of {len(beaten)} (p20 of the pairs above 1 on all)"
     else:
         backing = f"confirmed on {confirmed} of {len(beaten)}, p20 above 1 on {significant}: within the noise elsewhere"
-    return f"best {best} over the baseline (geomean, {shapes}); {backing}"
+    # Per-shape baselines (Template.baseline_for): say so when the shapes' baselines have several sources.
+    against = "the baseline" if len(block.baselines) <= 1 else f"each shape's baseline ({len(block.baselines)} sources)"
+    return f"best {best} over {against} (geomean, {shapes}); {backing}"

@@ -49,6 +49,12 @@ def quantiles(samples: Sequence[float]) -> tuple[float, float, float]:
     return statistics.median(ordered), cuts[1], cuts[7]
 
 
+class MethodUnavailable(RuntimeError):
+    """The shape's fixed timing method cannot time this candidate (for example a CUDA graph cannot
+    capture a call that synchronises the host): the candidate gets no timing on that shape rather
+    than one taken by another method."""
+
+
 class Device(ABC):
     """Where candidates run. Subclasses say how to prepare, synchronise, time and describe."""
 
@@ -63,13 +69,20 @@ class Device(ABC):
         """Wait for all work queued on the device."""
 
     @abstractmethod
-    def time(self, calls: Sequence[Call], *, working_set_bytes: int = 0, before: Before | None = None) -> Timing:
+    def time(self, calls: Sequence[Call], *, working_set_bytes: int = 0, before: Before | None = None,
+             method: str | None = None) -> Timing:
         """Time the candidate: ``calls[i]`` runs it on the i-th pre-generated input set.
 
         ``working_set_bytes`` is the memory one call touches; it decides whether rotating the
         sets is enough to keep inputs out of the cache. ``before(i)``, when given, runs before
         the i-th call of every phase (warm-up and timed alike, so the phases look the same to the
         candidate), outside the timed region.
+
+        ``method`` is the timing method fixed for this shape (``Timing.method`` of the shape's
+        baseline, see :class:`kernelforge.execute.timing.TimingPlan`): the device times with
+        exactly that method or raises :class:`MethodUnavailable`, never another, since timings
+        taken by different methods are not comparable. None: the device chooses from this round
+        (the shape's first timing, the baseline's) and ``Timing.method`` says what it chose.
         """
 
     def ceilings(self):

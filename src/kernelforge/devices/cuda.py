@@ -4,7 +4,10 @@ CUDA-event timing following EVALUATION.md: warm-up outside the timed region, inp
 several freshly allocated sets (plus an L2 flush when the sets together would fit in L2), fixed
 call counts, median with p20/p80, CUDA-graph replays for kernels under about 20 us, a full device
 synchronisation before reading the events, wall time recorded beside event time, and joules per
-call from NVML's energy counter when it is readable. The event times are cross-checked against the
+call from NVML's energy counter whenever it answers (:mod:`kernelforge.devices.nvml`; without
+``nvidia-ml-py`` the timing says so in ``Timing.extra["energy"]``). The method (events or graph
+replays) is decided once per (block, shape, dtype), from the baseline's probe
+(:func:`choose_method`), and every other candidate on the shape is timed with it. The event times are cross-checked against the
 host: a call whose GPU work outlives its end event (work on a side stream the events do not see)
 is flagged in ``Timing.extra["event_wall_mismatch"]``.
 """
@@ -18,7 +21,8 @@ from typing import Any, Sequence
 
 import torch
 
-from kernelforge.devices.base import Before, Call, Device, library_versions, quantiles
+from kernelforge.devices.base import Before, Call, Device, MethodUnavailable, library_versions, quantiles
+from kernelforge.devices.nvml import Nvml, energy_per_call
 from kernelforge.errors import UserError
 from kernelforge.result import Timing
 
@@ -35,43 +39,19 @@ DRAIN_FACTOR = 1.5
 DRAIN_SLACK_S = 100e-6
 
 
-class _Nvml:
-    """NVML's energy counter and device facts, when pynvml is installed and the driver allows."""
+#: The two methods of this device (``Timing.method``).
+EVENTS = "cuda-events"
+GRAPH = "cuda-graph"
+METHODS = (EVENTS, GRAPH)
 
-    def __init__(self, index: int):
-        self.handle = None
-        try:
-            import pynvml  # nvidia-ml-py; optional
 
-            pynvml.nvmlInit()
-            self.nvml = pynvml
-            self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            pynvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)
-        except Exception:  # no pynvml, no permission, or no energy counter on this GPU
-            self.handle = None
-
-    def energy_j(self) -> float | None:
-        if self.handle is None:
-            return None
-        return self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle) / 1000.0  # mJ -> J
-
-    def facts(self) -> dict[str, Any]:
-        if self.handle is None:
-            return {}
-        facts: dict[str, Any] = {}
-        for key, query in (
-            ("driver", lambda: self.nvml.nvmlSystemGetDriverVersion()),
-            ("sm_clock_mhz", lambda: self.nvml.nvmlDeviceGetClockInfo(self.handle, self.nvml.NVML_CLOCK_SM)),
-            ("max_sm_clock_mhz", lambda: self.nvml.nvmlDeviceGetMaxClockInfo(self.handle, self.nvml.NVML_CLOCK_SM)),
-            ("mem_clock_mhz", lambda: self.nvml.nvmlDeviceGetClockInfo(self.handle, self.nvml.NVML_CLOCK_MEM)),
-            ("power_limit_w", lambda: self.nvml.nvmlDeviceGetPowerManagementLimit(self.handle) / 1000.0),
-        ):
-            try:
-                value = query()
-                facts[key] = value.decode() if isinstance(value, bytes) else value
-            except Exception:
-                pass
-        return facts
+def choose_method(probe_median_s: float) -> str:
+    """THE timing-method decision of a shape, made once from its baseline's probe (the median of
+    5 event-timed calls): CUDA-graph replays under :data:`GRAPH_THRESHOLD_S`, events otherwise.
+    The probe includes host launch time, so near the threshold two kernels of about the same
+    speed could land on different sides: that is why every other candidate on the shape is timed
+    with the method this decision gave its baseline (EVALUATION.md, one timing method per shape)."""
+    return GRAPH if probe_median_s < GRAPH_THRESHOLD_S else EVENTS
 
 
 class CudaDevice(Device):
@@ -86,13 +66,13 @@ class CudaDevice(Device):
         self.index = index
         self.torch_device = f"cuda:{index}"
         self._flush: torch.Tensor | None = None
-        self._nvml: _Nvml | None = None
+        self._nvml: Nvml | None = None
 
     def prepare(self) -> None:
         if not torch.cuda.is_available():
             raise UserError("--device cuda: no CUDA GPU is visible to torch; use --device interpret on a CPU")
         torch.cuda.set_device(self.index)
-        self._nvml = _Nvml(self.index)
+        self._nvml = Nvml(self.index)
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.index)
@@ -107,12 +87,21 @@ class CudaDevice(Device):
             self._flush = torch.empty(2 * self._l2_bytes() // 4, dtype=torch.int32, device=self.torch_device)
         self._flush.zero_()
 
+    def gpu_name(self) -> str:
+        """The GPU's name as torch reports it (``NVIDIA H200``)."""
+        return torch.cuda.get_device_name(self.index)
+
     def ceilings(self):
         from kernelforge.devices.hardware import ceilings_for
 
-        return ceilings_for(torch.cuda.get_device_name(self.index))
+        return ceilings_for(self.gpu_name())
 
-    def time(self, calls: Sequence[Call], *, working_set_bytes: int = 0, before: Before | None = None) -> Timing:
+    def time(self, calls: Sequence[Call], *, working_set_bytes: int = 0, before: Before | None = None,
+             method: str | None = None) -> Timing:
+        """Time ``calls`` (see :meth:`Device.time`): with ``method`` when the shape has one fixed
+        (its baseline's), else with :func:`choose_method` of this round's probe."""
+        if method is not None and method not in METHODS:
+            raise MethodUnavailable(f"a CUDA device times with {' or '.join(METHODS)}, not {method!r}")
         self._before = before
         self._count = 0
         for i in range(self.warmup):
@@ -122,15 +111,23 @@ class CudaDevice(Device):
         # Rotating the input sets keeps the cache cold only if they do not fit in L2 together.
         flush = working_set_bytes * len(calls) < 2 * self._l2_bytes()
         probe = self._event_samples(calls, 5, flush)
-        drain = self._drain_check(calls, statistics.median(probe))
-        if statistics.median(probe) < GRAPH_THRESHOLD_S:
+        probe_s = statistics.median(probe)
+        drain = {**self._drain_check(calls, probe_s), "probe_s": probe_s,
+                 "method_from": "probe" if method is None else "the shape's baseline"}
+        chosen = method or choose_method(probe_s)
+        if chosen == GRAPH:
             try:
                 return self._with_drain(self._time_graph(calls), drain)
-            except RuntimeError:
-                pass  # capture failed (e.g. host synchronisation in the call): events below
+            except RuntimeError as exc:
+                if method is not None:
+                    raise MethodUnavailable(
+                        f"CUDA-graph capture failed ({str(exc)[:200]}); this shape's baseline was timed with "
+                        "CUDA graphs and a timing by events would not be comparable with it") from exc
+                # The shape's own first timing cannot be captured (e.g. host synchronisation in
+                # the call): events for it, and so for every candidate on the shape.
         # Counts are fixed before timing starts (never a time budget the candidate could sense);
         # long kernels (a 128k-token prefill takes ~0.1 s) get fewer calls per round.
-        per_round = max(5, min(self.calls_per_round, int(ROUND_SECONDS / statistics.median(probe))))
+        per_round = max(5, min(self.calls_per_round, int(ROUND_SECONDS / max(probe_s, 1e-9))))
         samples: list[float] = []
         walls: list[float] = []
         for _ in range(self.rounds):
@@ -140,12 +137,13 @@ class CudaDevice(Device):
             samples.extend(round_samples)
         median, p20, p80 = quantiles(samples)
         event_total = sum(samples)
+        joules, energy = self._energy_per_call(calls, median)
         return self._with_drain(Timing(
-            median, p20, p80, len(samples), "cuda-events",
-            f"CUDA events on {torch.cuda.get_device_name(self.index)}",
-            joules_per_call=self._energy_per_call(calls, median),
+            median, p20, p80, len(samples), EVENTS,
+            f"CUDA events on {self.gpu_name()}",
+            joules_per_call=joules,
             wall_over_event=(sum(walls) / event_total) if event_total > 0 else None,
-            extra={"l2_flush": flush, "input_sets": len(calls)},
+            extra={"l2_flush": flush, "input_sets": len(calls), "energy": energy},
         ), drain)
 
     def _prepare_call(self) -> None:
@@ -219,32 +217,24 @@ class CudaDevice(Device):
             self.synchronize()
             samples.extend(s.elapsed_time(e) / 1e3 / per_graph for s, e in zip(starts, ends))
         median, p20, p80 = quantiles(samples)
+        joules, energy = self._energy_per_call(calls, median)
         return Timing(
-            median, p20, p80, len(samples) * per_graph, "cuda-graph",
-            f"CUDA-graph replays ({per_graph} calls each) on {torch.cuda.get_device_name(self.index)}",
-            joules_per_call=self._energy_per_call(calls, median),
-            extra={"calls_per_graph": per_graph, "input_sets": len(calls)},
+            median, p20, p80, len(samples) * per_graph, GRAPH,
+            f"CUDA-graph replays ({per_graph} calls each) on {self.gpu_name()}",
+            joules_per_call=joules,
+            extra={"calls_per_graph": per_graph, "input_sets": len(calls), "energy": energy},
         )
 
-    def _energy_per_call(self, calls: Sequence[Call], median_s: float) -> float | None:
+    def _energy_per_call(self, calls: Sequence[Call], median_s: float) -> tuple[float | None, str]:
         """Joules per call from NVML's counter over a back-to-back round of at least ~0.5 s (the
-        counter updates in coarse steps, so shorter rounds read zero)."""
-        if self._nvml is None or self._nvml.energy_j() is None:
-            return None
+        counter updates in coarse steps, so shorter rounds read zero), and where the figure comes
+        from or why there is none (:func:`kernelforge.devices.nvml.energy_per_call`)."""
         count = int(min(max(50, math.ceil(0.5 / max(median_s, 1e-7))), 200_000))
-        self.synchronize()
-        e0 = self._nvml.energy_j()
-        for i in range(count):
-            calls[i % len(calls)]()
-        self.synchronize()
-        e1 = self._nvml.energy_j()
-        if e0 is None or e1 is None or e1 <= e0:
-            return None
-        return (e1 - e0) / count
+        return energy_per_call(self._nvml, lambda i: calls[i % len(calls)](), count, self.synchronize)
 
     def describe(self) -> dict[str, Any]:
         props = torch.cuda.get_device_properties(self.index)
-        facts = self._nvml.facts() if self._nvml else {}
+        facts = self._nvml.facts() if self._nvml else {"energy": "no energy: NVML was not started"}
         return {
             "device": "cuda",
             "device_name": props.name,
@@ -252,7 +242,7 @@ class CudaDevice(Device):
             "sm_count": props.multi_processor_count,
             "memory_gib": round(props.total_memory / 2**30, 1),
             "cuda": torch.version.cuda,
-            "timing": "CUDA events (median, p20/p80)",
+            "timing": "CUDA events or CUDA-graph replays, one method per shape (median, p20/p80)",
             **facts,
             **library_versions(),
         }

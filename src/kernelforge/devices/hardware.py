@@ -28,6 +28,8 @@ class Ceilings:
     measured_bandwidth: float | None = None
     measured_flops: float | None = None
     source: str = "datasheet"
+    #: HBM capacity in bytes (datasheet), for the projection's memory check; None: unknown.
+    memory_bytes: float | None = None
 
     def roofline_seconds(self, flops: float, nbytes: float) -> float:
         """The datasheet roofline time: no correct kernel can be faster."""
@@ -65,17 +67,17 @@ class Ceilings:
         return self.flops / self.bandwidth
 
 
-# Longer (more specific) names first: "H100 PCIe" must not be taken for an H100 SXM. H200 and H100
-# SXM figures are BLOCKS.md's (H200 measured: copy bandwidth 4.3 TB/s, bf16 matmul on random data
+# Longer (more specific) names first: "H100 PCIe" must not be taken for an H100 SXM. Memory is the
+# NVIDIA datasheet HBM capacity (H200: 141 GB). H200 and H100 SXM figures are BLOCKS.md's (H200 measured: copy bandwidth 4.3 TB/s, bf16 matmul on random data
 # 790 TFLOP/s); the others are NVIDIA datasheet figures for dense bf16 without sparsity.
 KNOWN: tuple[Ceilings, ...] = (
     Ceilings("H200", 4.8e12, 989e12, measured_bandwidth=4.3e12, measured_flops=790e12,
-             source="datasheet; measured copy bandwidth and bf16 matmul rate (BLOCKS.md)"),
-    Ceilings("H100 PCIE", 2.0e12, 756e12),
-    Ceilings("H100 NVL", 3.9e12, 835e12),
-    Ceilings("H100", 3.35e12, 989e12, source="datasheet (SXM)"),
-    Ceilings("A100-SXM4-40GB", 1.555e12, 312e12),
-    Ceilings("A100", 2.039e12, 312e12, source="datasheet (80 GB SXM)"),
+             source="datasheet; measured copy bandwidth and bf16 matmul rate (BLOCKS.md)", memory_bytes=141e9),
+    Ceilings("H100 PCIE", 2.0e12, 756e12, memory_bytes=80e9),
+    Ceilings("H100 NVL", 3.9e12, 835e12, memory_bytes=94e9),
+    Ceilings("H100", 3.35e12, 989e12, source="datasheet (SXM)", memory_bytes=80e9),
+    Ceilings("A100-SXM4-40GB", 1.555e12, 312e12, memory_bytes=40e9),
+    Ceilings("A100", 2.039e12, 312e12, source="datasheet (80 GB SXM)", memory_bytes=80e9),
 )
 
 

@@ -11,10 +11,12 @@ import platform
 import time
 from typing import Any, Sequence
 
-from kernelforge.devices.base import Before, Call, Device, library_versions, quantiles
+from kernelforge.devices.base import Before, Call, Device, MethodUnavailable, library_versions, quantiles
 from kernelforge.result import Timing
 
 INTERPRETER_LABEL = "interpreter wall time (CPU), not GPU speed"
+#: The one timing method of the interpreter.
+INTERPRETER_METHOD = "interpreter-wall"
 
 
 class InterpretDevice(Device):
@@ -32,7 +34,11 @@ class InterpretDevice(Device):
 
         interpreter.enable()
 
-    def time(self, calls: Sequence[Call], *, working_set_bytes: int = 0, before: Before | None = None) -> Timing:
+    def time(self, calls: Sequence[Call], *, working_set_bytes: int = 0, before: Before | None = None,
+             method: str | None = None) -> Timing:
+        """Interpreter wall time (``interpreter-wall``, the only method here): see the class."""
+        if method not in (None, INTERPRETER_METHOD):
+            raise MethodUnavailable(f"the interpreter times with {INTERPRETER_METHOD!r}, not {method!r}")
         for i in range(self.warmup):
             if before is not None:
                 before(i)
@@ -45,7 +51,7 @@ class InterpretDevice(Device):
             calls[i % len(calls)]()
             samples.append(time.perf_counter() - start)
         median, p20, p80 = quantiles(samples)
-        return Timing(median, p20, p80, len(samples), "interpreter-wall", INTERPRETER_LABEL)
+        return Timing(median, p20, p80, len(samples), INTERPRETER_METHOD, INTERPRETER_LABEL)
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -23,7 +23,7 @@ from kernelforge.devices.base import Device
 from kernelforge.errors import UserError
 # load_candidate lives with the runners; callers that import it from here keep working.
 from kernelforge.execute.runner import Entry, LocalRunner, Runner, load_candidate  # noqa: F401
-from kernelforge.execute.timing import TimedRound, TimingSet, make_timing_sets, time_round
+from kernelforge.execute.timing import TimedRound, TimingPlan, TimingSet, make_timing_sets, time_round
 from kernelforge.execute.timing_check import check_round, replayed_inputs, timing_mismatch, with_figures
 from kernelforge.execute.verify import verify_again, verify_shape
 from kernelforge.result import Evaluation, Status, Timing, Verification
@@ -77,6 +77,7 @@ def evaluate(
     on_result: Callable[[Evaluation], None] | None = None,
     runner: Runner | None = None,
     rng: random.Random | None = None,
+    plan: TimingPlan | None = None,
 ) -> list[Evaluation]:
     """Verify ``source`` on every shape and time the shapes it passes.
 
@@ -90,7 +91,8 @@ def evaluate(
       :data:`HELD_OUT_FLAG`;
     - timing: each round's verified call, its inputs and its wall clock are checked
       (:mod:`kernelforge.execute.timing_check`; ``rng`` draws the verified call, default the
-      system's randomness);
+      system's randomness); ``plan`` fixes each shape's timing method (the baseline's; None or a
+      shape it does not name: the device chooses);
     - ``recheck``: after timing a shape, one more checked call on the timing buffers with
       perturbed values must pass (:func:`~kernelforge.execute.verify.verify_again`); on a GPU, timings
       below the datasheet roofline are re-verified again and flagged (:data:`ROOFLINE_FLAG`),
@@ -162,7 +164,8 @@ def evaluate(
         timing = None
         if verdict.ok and timed:
             verdict, timing = _time_and_recheck(block, entry, shape, dtype, device, counts[shape.name], verdict,
-                                                recheck=recheck, seed=index, rng=rng)
+                                                recheck=recheck, seed=index, rng=rng,
+                                                method=plan.method_for(block.id, shape.name, dtype) if plan else None)
         bad = tampered(f"while evaluating {shape.name}")
         if bad is not None:
             verdict, timing = bad, None
@@ -175,11 +178,12 @@ def evaluate(
 
 
 def _timed(block: Block, entry: Entry, shape: Shape, dtype: torch.dtype, device: Device,
-           rng: random.Random | None) -> tuple[Verification | None, Timing | None, list[TimingSet], TimedRound]:
+           rng: random.Random | None, method: str | None = None
+           ) -> tuple[Verification | None, Timing | None, list[TimingSet], TimedRound]:
     """One checked timing round: (failure or None, the timing with the round's figures, the
     sets, the round as the trusted side saw it)."""
     sets = make_timing_sets(block, shape, dtype, device, entry.runner)
-    done = time_round(block, entry, shape, dtype, device, sets, rng=rng)
+    done = time_round(block, entry, shape, dtype, device, sets, rng=rng, method=method)
     failure = check_round(block, shape, dtype, device, sets, done)
     timing = with_figures(done.timing, done) if done.timing is not None else None
     return failure, timing, sets, done
@@ -187,8 +191,8 @@ def _timed(block: Block, entry: Entry, shape: Shape, dtype: torch.dtype, device:
 
 def _time_and_recheck(block: Block, entry: Entry, shape: Shape, dtype: torch.dtype, device: Device, counts: Counts,
                       verdict: Verification, *, recheck: bool, seed: int,
-                      rng: random.Random | None) -> tuple[Verification, Timing | None]:
-    failure, timing, sets, done = _timed(block, entry, shape, dtype, device, rng)
+                      rng: random.Random | None, method: str | None = None) -> tuple[Verification, Timing | None]:
+    failure, timing, sets, done = _timed(block, entry, shape, dtype, device, rng, method)
     if failure is not None:
         if failure.rel_error is None:  # the candidate raised, or broke a rule, while timed
             failure = dataclasses.replace(failure, rel_error=verdict.rel_error, excess=verdict.excess,
@@ -253,12 +257,14 @@ def pair_speedups(block: Block, baseline_source: str, candidate_source: str, sha
         if not verify_shape(block, entry, shape, dtype, device.torch_device, seed=0, calls=1).ok:
             return []
     speedups = []
+    method = None  # the baseline's first round decides the pairs' timing method (TimingPlan)
     for _ in range(pairs):
         times = []
         for entry in entries:
-            failure, timing, _, done = _timed(block, entry, shape, dtype, device, rng)
+            failure, timing, _, done = _timed(block, entry, shape, dtype, device, rng, method)
             if failure is not None or timing is None or timing_mismatch(shape, timing, done, device, None, None, 0):
                 return []
+            method = method or timing.method
             times.append(timing.median_s)
         speedups.append(times[0] / times[1])
     return speedups if not runner.tampering() else []

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     import torch
 
     from kernelforge.block import Block, Shape
+    from kernelforge.execute.timing import TimingPlan
     from kernelforge.result import Evaluation
 
 
@@ -38,7 +39,9 @@ class Executor(Protocol):
     - :meth:`prepare` is called once before the first evaluation; :meth:`describe` then gives the
       environment (device name, versions, ...) that every result is stored under.
     - :meth:`evaluate` returns exactly one :class:`~kernelforge.result.Evaluation` per shape, in
-      order, whatever the candidate does: failures are data, never exceptions.
+      order, whatever the candidate does: failures are data, never exceptions. ``plan`` fixes the
+      timing method of each shape it names (the baseline's, :class:`~kernelforge.execute.timing.TimingPlan`):
+      a candidate is timed with that method or not at all.
     - :meth:`pair_speedups` re-times baseline and candidate interleaved, ``pairs`` times, and
       returns baseline/candidate time ratios (empty when nothing can be timed).
     - :meth:`close` releases processes and memory; it may be called more than once.
@@ -52,7 +55,7 @@ class Executor(Protocol):
     def describe(self) -> dict[str, Any]: ...
 
     def evaluate(self, block: "Block", source: str, shapes: list["Shape"], dtype: "torch.dtype", *,
-                 deterministic: bool = True) -> list["Evaluation"]: ...
+                 deterministic: bool = True, plan: "TimingPlan | None" = None) -> list["Evaluation"]: ...
 
     def pair_speedups(self, block: "Block", baseline_source: str, candidate_source: str, shape: "Shape",
                       dtype: "torch.dtype", pairs: int) -> list[float]: ...

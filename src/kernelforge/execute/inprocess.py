@@ -10,6 +10,7 @@ from kernelforge.block import Block, Shape
 from kernelforge.devices.base import Device
 from kernelforge.execute.evaluate import evaluate, held_out_shapes, pair_speedups
 from kernelforge.execute.runner import LocalRunner
+from kernelforge.execute.timing import TimingPlan
 from kernelforge.result import Evaluation
 
 #: What results of this executor record as their sandbox.
@@ -52,11 +53,11 @@ class InProcessExecutor:
         return {**self.device.describe(), "sandbox": IN_PROCESS_SANDBOX}
 
     def evaluate(self, block: Block, source: str, shapes: list[Shape], dtype: torch.dtype, *,
-                 deterministic: bool = True) -> list[Evaluation]:
+                 deterministic: bool = True, plan: TimingPlan | None = None) -> list[Evaluation]:
         """Verify and time ``source`` on ``shapes`` (see :func:`~kernelforge.execute.evaluate.evaluate`)."""
         extra = held_out_shapes(block, shapes, source, self.device.name) if self.held_out else []
         return evaluate(block, source, shapes, dtype, self.device, deterministic=deterministic, held_out=extra,
-                        policy=self.policy, runner=LocalRunner(self.device))
+                        policy=self.policy, runner=LocalRunner(self.device), plan=plan)
 
     def pair_speedups(self, block: Block, baseline_source: str, candidate_source: str, shape: Shape,
                       dtype: torch.dtype, pairs: int) -> list[float]:

@@ -59,9 +59,10 @@ class ReplayExecutor:
         }
 
     def evaluate(self, block: Block, source: str, shapes: list[Shape], dtype, *,
-                 deterministic: bool = True) -> list[Evaluation]:
+                 deterministic: bool = True, plan=None) -> list[Evaluation]:
         """The recorded evaluations of the candidate whose source is ``source`` (looked up by its
-        id, the hash of the source), one per shape."""
+        id, the hash of the source), one per shape. ``plan`` (a timing plan) is ignored: nothing
+        is timed, the recorded methods are replayed."""
         candidate_id = source_id(source)
         dtype_name = _dtype_name(dtype)
         label = f"replayed from {self.path.name} (measured on {(self._env or {}).get('device_name', '?')})"

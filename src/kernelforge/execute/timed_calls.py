@@ -51,7 +51,9 @@ class TimingJob:
     in-place inputs (restored before every call when ``reset``). After the call that follows
     preparation ``chosen``, the tensors named in ``aside`` (outputs and in-place inputs) are
     copied into those shared buffers; for a block that does not reset its in-place inputs, their
-    values just before that call are copied into ``inplace_before``.
+    values just before that call are copied into ``inplace_before``. ``method`` is the timing
+    method fixed for the shape (its baseline's; None: the device chooses, and what it chose is
+    the shape's method from then on: :class:`kernelforge.execute.timing.TimingPlan`).
     """
 
     sets: tuple[dict[str, Any], ...]
@@ -62,6 +64,7 @@ class TimingJob:
     aside: dict[str, torch.Tensor]
     inplace_before: dict[str, torch.Tensor] = field(default_factory=dict)
     working_set_bytes: int = 0
+    method: str | None = None
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,10 @@ def run_timed(run: RunFn, device: Device, job: TimingJob) -> TimingAnswer:
     round_ = _Round(run, job)
     calls = [lambda which=which: round_.call(which) for which in range(len(job.sets))]
     try:
-        timing = device.time(calls, working_set_bytes=job.working_set_bytes, before=round_.before)
+        # ``method`` is passed only when fixed, so a device written before it existed still times
+        # a shape's first round.
+        fixed = {} if job.method is None else {"method": job.method}
+        timing = device.time(calls, working_set_bytes=job.working_set_bytes, before=round_.before, **fixed)
         round_.copy_aside()
     except Exception as exc:  # a crash while timing is the candidate's runtime error
         return TimingAnswer(None, CallReport.of(raised(exc, "while timing: ")), round_.prepared, None)

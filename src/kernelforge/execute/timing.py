@@ -7,7 +7,8 @@ The device times the calls (:meth:`kernelforge.devices.base.Device.time`) where 
 shared with the runner while the trusted side keeps pristine private copies; the call of the round
 whose outputs are copied aside for verification, drawn at random (:func:`time_round`); and the
 trusted side's own wall clock around the round, which :mod:`kernelforge.execute.timing_check`
-holds the reported figures against.
+holds the reported figures against; and the timing method of each shape (:class:`TimingPlan`),
+decided once from the baseline and carried to the device in every round of that shape.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import math
 import random
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
@@ -27,7 +28,7 @@ from kernelforge.execute.fingerprint import poison
 from kernelforge.execute.guard import CallReport, RunFn
 from kernelforge.execute.runner import Entry, LocalRunner, Runner
 from kernelforge.execute.timed_calls import TimingJob
-from kernelforge.result import Timing
+from kernelforge.result import Status, Timing
 
 #: Input sets are rotated while timing so the L2 cache never holds the inputs; beyond this many,
 #: the device flushes L2 instead (and large sets need no help: they do not fit in L2 anyway).
@@ -64,6 +65,40 @@ class TimedRound:
     copied_set: int | None
     aside: dict[str, torch.Tensor]
     inplace_before: dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class TimingPlan:
+    """The timing method of each shape of one block at one dtype (EVALUATION.md, one timing method
+    per shape).
+
+    The device decides a shape's method once, from the round of the shape's baseline (on a GPU:
+    :func:`kernelforge.devices.cuda.choose_method` of its probe); the search collects what the
+    baseline's results say (:meth:`of`) and hands the plan to ``Executor.evaluate``, and every
+    candidate's round on that shape carries the method to the device
+    (:class:`~kernelforge.execute.timed_calls.TimingJob`), which times with it or not at all. A
+    round whose timing comes back with another method is the candidate's failure
+    (:func:`time_round`), so two timings of one shape taken by different methods never meet.
+    A shape the plan does not name (the baseline's own round) is timed with what the device
+    chooses.
+    """
+
+    block: str
+    dtype: torch.dtype
+    methods: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def of(cls, block: str, dtype: torch.dtype, methods: Iterable[tuple[str, str | None]]) -> "TimingPlan":
+        """The plan from the baseline's (shape name, ``Timing.method``) pairs; untimed shapes
+        (method None) are left out."""
+        return cls(block, dtype, tuple(sorted((shape, method) for shape, method in methods if method)))
+
+    def method_for(self, block: str, shape: str, dtype: torch.dtype) -> str | None:
+        """The method fixed for ``shape`` of ``block`` at ``dtype`` (None: not fixed yet). A plan
+        made for another block or dtype is a caller's mistake: ``ValueError``."""
+        if block != self.block or dtype != self.dtype:
+            raise ValueError(f"the timing plan of {self.block} at {self.dtype} was given for {block} at {dtype}")
+        return dict(self.methods).get(shape)
 
 
 def input_set_count(counts: Counts, device: Device) -> int:
@@ -105,12 +140,14 @@ def make_timing_sets(block: Block, shape: Shape, dtype: torch.dtype, device: Dev
 
 
 def time_round(block: Block, entry: Entry, shape: Shape, dtype: torch.dtype, device: Device, sets: list[TimingSet],
-               *, rng: random.Random | None = None) -> TimedRound:
+               *, rng: random.Random | None = None, method: str | None = None) -> TimedRound:
     """One timing round of ``entry`` on ``sets``, with the trusted side's wall clock around it.
 
     The verified call is drawn from :func:`verified_span` with ``rng`` (default: the system's
     randomness, so nothing in the candidate's process can know it). Its outputs and in-place
     inputs are copied into shared buffers poisoned here, and read back privately afterwards.
+    ``method`` is the shape's fixed timing method (:class:`TimingPlan`); a timing that comes back
+    with another one is no timing: the round's report says why (``rejected``).
     """
     runner = entry.runner
     spec = Outputs.of(block, sets[0].shared, sets[0].outputs)
@@ -122,14 +159,18 @@ def time_round(block: Block, entry: Entry, shape: Shape, dtype: torch.dtype, dev
     before = {} if block.inplace_reset else {name: runner.share(sets[0].shared[name], values=False)
                                              for name in spec.inplace}
     job = TimingJob(tuple({**s.shared, **s.outputs} for s in sets), spec.names, spec.inplace, block.inplace_reset,
-                    chosen, aside, before, int(block.counts(shape, dtype).bytes))
+                    chosen, aside, before, int(block.counts(shape, dtype).bytes), method)
     cpu_start = runner.cpu_seconds()
     start = time.perf_counter()
     answer = runner.time(entry.handle, job)
     wall = time.perf_counter() - start
     cpu_end = runner.cpu_seconds()
     cpu = None if cpu_start is None or cpu_end is None else cpu_end - cpu_start
-    return TimedRound(answer.timing, answer.report, wall, cpu, answer.prepared, chosen, answer.copied_set,
+    timing, report = answer.timing, answer.report
+    if timing is not None and method is not None and timing.method != method:
+        timing, report = None, CallReport(Status.REJECTED, f"timed with {timing.method!r}, but this shape's method is "
+                                                           f"{method!r} (its baseline's): not comparable")
+    return TimedRound(timing, report, wall, cpu, answer.prepared, chosen, answer.copied_set,
                       {name: runner.snapshot(t) for name, t in aside.items()},
                       {name: runner.snapshot(t) for name, t in before.items()})
 

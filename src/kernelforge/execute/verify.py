@@ -202,7 +202,7 @@ def verify_shape(
 
         # New values under the same pointers: a result cached by pointer/shape now mismatches.
         stale = {name: first_out[name] for name in spec.names}
-        fresh = block.make_inputs(shape, dtype, "cpu", seed + 7919, distributions[1])
+        fresh = block.make_inputs(shape, dtype, device, seed + 7919, distributions[1])  # drawn on the device
         for name, tensor in _tensors(fresh).items():
             shared[name].copy_(tensor)
             pristine[name] = tensor.to(device=device, copy=True)

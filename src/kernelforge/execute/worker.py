@@ -51,6 +51,7 @@ from kernelforge.errors import UserError
 from kernelforge.execute.evaluate import evaluate, held_out_shapes, pair_speedups
 from kernelforge.execute.policy import check_source
 from kernelforge.execute.sandbox import default_memory_limit, sandbox_plan
+from kernelforge.execute.timing import TimingPlan
 from kernelforge.execute.worker_process import WorkerGone, WorkerProcess
 from kernelforge.execute.worker_runner import WorkerRunner
 from kernelforge.result import Evaluation, Status, Verification
@@ -201,7 +202,7 @@ class WorkerExecutor:
         return runner
 
     def evaluate(self, block: Block, source: str, shapes: list[Shape], dtype: torch.dtype, *,
-                 deterministic: bool = True) -> list[Evaluation]:
+                 deterministic: bool = True, plan: TimingPlan | None = None) -> list[Evaluation]:
         """Verify and time ``source`` on ``shapes``, the candidate running in the worker and the
         verdict made here: one :class:`~kernelforge.result.Evaluation` per shape, in order,
         whatever happens to the worker (see the module docstring). A block that breaks its
@@ -225,7 +226,7 @@ class WorkerExecutor:
         self._busy = True
         try:
             evaluate(block, source, shapes, dtype, self.device, deterministic=deterministic, held_out=extra,
-                     runner=runner, on_result=keep)
+                     runner=runner, on_result=keep, plan=plan)
             retire = runner.release()
         except WorkerGone as exc:
             self._busy = False

@@ -176,7 +176,7 @@ class WorkerRunner:
         self._prepare()
         request = ("time", handle, tuple(self._wire(args) for args in job.sets), job.outputs, job.inplace, job.reset,
                    job.chosen, {n: self._slot(t) for n, t in job.aside.items()},
-                   {n: self._slot(t) for n, t in job.inplace_before.items()}, job.working_set_bytes,
+                   {n: self._slot(t) for n, t in job.inplace_before.items()}, job.working_set_bytes, job.method,
                    self._arena_bytes())
         message = self._ask(request, "timed")
         report = self._report(message.get("report"))

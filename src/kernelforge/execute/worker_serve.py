@@ -105,10 +105,11 @@ class WorkerSession:
         return report
 
     def time(self, handle: int, sets: tuple, outputs: tuple[str, ...], inplace: tuple[str, ...], reset: bool,
-             chosen: int, aside: dict, before: dict, working_set_bytes: int) -> dict[str, Any]:
+             chosen: int, aside: dict, before: dict, working_set_bytes: int, method: str | None = None) -> dict[str, Any]:
         job = TimingJob(tuple(self.arguments(wire) for wire in sets), tuple(outputs), tuple(inplace), bool(reset),
                         int(chosen), {name: self.tensor(slot) for name, slot in aside.items()},
-                        {name: self.tensor(slot) for name, slot in before.items()}, int(working_set_bytes))
+                        {name: self.tensor(slot) for name, slot in before.items()}, int(working_set_bytes),
+                        None if method is None else str(method))
         answer = run_timed(self.runs[handle], self.device, job)
         if answer.report.ok:
             try:

@@ -50,7 +50,7 @@ class PromptContext:
     def standings(self, block_id: str, limit: int = PARENT_POOL) -> list[dict[str, Any]]:
         run = self.view.run
         return standings(run.store, block_id, [x.name for x in self._shapes(block_id)], run.dtype_name, run.env_key,
-                         run.baselines[block_id].id, limit)
+                         run.first_baseline(block_id).id, limit)
 
     def template(self, template_id: str) -> "Template | None":
         return self.view.template(template_id)

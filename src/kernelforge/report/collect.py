@@ -1,9 +1,11 @@
 """Collect a job's report from its results database into :class:`~kernelforge.report.records.Report`
 records. Only stored measurements are read; nothing is measured here.
 
-Per block: the environment of the latest baseline measurement (the latest search's device), the
-winner of each study (shapes grouped as the search grouped them: ``job.tune.groups``), each shape's
-speedup with its spread (from the interleaved confirmation pairs when the search confirmed it,
+Per block: each shape's human baseline (the block's baseline template at the shape's baseline
+point, :func:`shape_baselines`) and the sources those points come from, the environment of the
+latest baseline measurement (the latest search's device), the winner of each study (shapes grouped
+as the search grouped them: ``job.tune.groups``), each shape's speedup over its own baseline with
+its spread (from the interleaved confirmation pairs when the search confirmed it,
 else from the two timing bands), counts by status and origin, every candidate with its origin and
 parent, the search's progress, the winners' diffs against the baseline source, compile resources,
 and where each timing sits against the device's roofline.
@@ -13,23 +15,50 @@ from __future__ import annotations
 
 import difflib
 from collections import Counter
-from typing import Any
+from typing import Any, Sequence
 
 from kernelforge.block import Block, Shape
 from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
 from kernelforge.devices.hardware import Ceilings, assess, ceilings_for, timed_device_name
 from kernelforge.job import BlockSpec, Job, Tune
-from kernelforge.objective import by_candidate, geomean, geomean_speedup, rank, speedup, speedup_spread
+from kernelforge.objective import (baseline_results, by_candidate, geomean, geomean_speedup, rank, speedup,
+                                   speedup_spread)
 from kernelforge.redact import redact_url
 from kernelforge.report.projected import collect_projection
-from kernelforge.report.records import (Banner, BlockReport, CandidateRow, CompileRow, Progress, ProgressPoint,
-                                        Report, RooflineMeta, ShapeRoofline, ShapeRow, Suspect, Winner)
+from kernelforge.report.records import (Banner, BaselineSource, BlockReport, CandidateRow, CompileRow, Progress,
+                                        ProgressPoint, Report, RooflineMeta, ShapeBaseline, ShapeRoofline, ShapeRow,
+                                        Suspect, Winner)
 from kernelforge.result import StoredResult
+from kernelforge.report.library import library_lines
+from kernelforge.search.plan import baseline_candidates
 from kernelforge.store.records import StoredCandidate, StoredConfirmation
 from kernelforge.store.store import Store
 
 Table = dict[str, dict[str, StoredResult]]  # candidate id -> shape -> result
+Baselines = dict[str, ShapeBaseline]  # shape name -> the shape's baseline
+
+
+def shape_baselines(catalog: Catalog, block_id: str, shapes: Sequence[Shape]) -> Baselines:
+    """shape name -> the shape's human baseline: the block's baseline template rendered at
+    ``Template.baseline_for(shape).point`` (the very candidate the search measures as that shape's
+    baseline, :func:`kernelforge.search.plan.baseline_candidates`), with the point's source."""
+    template = catalog.baseline(block_id)
+    rendered = baseline_candidates(catalog, block_id, shapes)
+    out = {}
+    for shape in shapes:
+        chosen, candidate = template.baseline_for(shape), rendered[shape.name]
+        out[shape.name] = ShapeBaseline(shape=shape.name, candidate=candidate.id, params=candidate.point,
+                                        source=chosen.source, rule=chosen.rule)
+    return out
+
+
+def baseline_sources(baselines: Baselines) -> tuple[BaselineSource, ...]:
+    """The distinct sources of a block's baselines with the shapes each covers, in shape order."""
+    groups: dict[tuple[str, int | None], list[str]] = {}
+    for b in baselines.values():
+        groups.setdefault((b.source, b.rule), []).append(b.shape)
+    return tuple(BaselineSource(source=source, rule=rule, shapes=tuple(names)) for (source, rule), names in groups.items())
 
 
 def collect(job: Job, catalog: Catalog, store: Store) -> Report:
@@ -52,14 +81,18 @@ def _collect_block(job: Job, catalog: Catalog, store: Store, spec: BlockSpec,
     block = catalog.block(spec.id)
     shape_objs = block.shapes(spec.shapes)
     shapes = [s.name for s in shape_objs]
-    baseline_id = Candidate.from_template(catalog.baseline(block.id)).id
+    fallback_id = Candidate.from_template(catalog.baseline(block.id)).id
+    baselines = shape_baselines(catalog, block.id, shape_objs)
+    baseline_ids = {b.candidate for b in baselines.values()}
     rows = [r for r in store.results(block=block.id, dtype=job.dtype) if r.shape in shapes]
     for r in rows:
         environments.setdefault(r.env_key, r.env)
-    env_key = _pick_env(rows, baseline_id)
+    env_key = _pick_env(rows, baselines)
     rows = [r for r in rows if r.env_key == env_key]
     env = rows[0].env if rows else {}
     table = by_candidate(rows)
+    # Each shape's speedups are over that shape's own baseline (never another shape's point).
+    base = baseline_results(table, {s: b.candidate for s, b in baselines.items()})
     candidates = {c.id: c for c in store.candidates(block.id)}
     statuses: Counter = Counter()
     worst: dict[str, str] = {}
@@ -73,45 +106,52 @@ def _collect_block(job: Job, catalog: Catalog, store: Store, spec: BlockSpec,
         origin_status.setdefault(origin_of[cid], Counter())[worst[cid]] += 1
     ceilings = _ceilings(env)
     confirmed = [c for c in confirmations if c.block == block.id and c.env_key == env_key]
-    shape_rows = _shape_rows(job.tune, shape_objs, table, baseline_id, candidates, confirmed, ceilings)
+    shape_rows = _shape_rows(job.tune, shape_objs, table, baselines, base, candidates, confirmed, ceilings)
     speedups = [r.speedup for r in shape_rows if r.speedup]
     order = sorted(table, key=lambda cid: (min(r.created for r in table[cid].values()),
                                            candidates[cid].created if cid in candidates else 0.0))
-    winners = _winners(shape_rows, candidates, baseline_id)
-    compiles = [CompileRow(**vars(c), role="baseline" if c.candidate_id == baseline_id else "winner")
-                for c in store.compiles([baseline_id, *[w.id for w in winners]], job.dtype)]
+    winners = _winners(shape_rows, candidates)
+    compiles = [CompileRow(**vars(c), role="baseline" if c.candidate_id in baseline_ids else "winner")
+                for c in store.compiles([*dict.fromkeys(b.candidate for b in baselines.values()),
+                                         *[w.id for w in winners]], job.dtype)]
     compiles.sort(key=lambda r: (r.target, r.role != "baseline"))  # baseline first, then winners
     return BlockReport(
         block=block.id, description=block.description, shapes=tuple(shape_rows),
         geomean_speedup=geomean(speedups) if speedups else None,
         statuses=dict(statuses), origins=dict(origins), candidates=len(table),
         origin_status={k: dict(v) for k, v in origin_status.items()},
-        env_key=env_key, baseline=baseline_id, banner=_banner(env) if env else None,
+        env_key=env_key, baseline=fallback_id, banner=_banner(env) if env else None,
         device_name=env.get("device_name"),
-        candidate_rows=_candidate_rows(order, table, baseline_id, shapes, candidates, origin_of, worst),
-        progress=_progress(order, table, baseline_id, shapes, origin_of, job.tune),
+        candidate_rows=_candidate_rows(order, table, base, shapes, candidates, origin_of, worst),
+        progress=_progress(order, table, base, shapes, origin_of, job.tune),
         winners=tuple(winners), compiles=tuple(compiles),
         roofline=_roofline_meta(env, ceilings),
-        suspects=_suspects(table, ceilings),
+        suspects=_suspects(table, ceilings), baselines=baseline_sources(baselines),
+        library=tuple(library_lines(store, block.id, shapes, job.dtype, env_key).values()),  # issue 11
     )
 
 
-def _shape_rows(tune: Tune, shapes: list[Shape], table: Table, baseline_id: str,
+def _shape_rows(tune: Tune, shapes: list[Shape], table: Table, baselines: Baselines, base_rows: dict[str, StoredResult],
                 candidates: dict[str, StoredCandidate], confirmations: list[StoredConfirmation],
                 ceilings: Ceilings | None) -> list[ShapeRow]:
     """One row per shape: the winner of the shape's study (the best candidate over the group that
-    beat the baseline, else the baseline) against the baseline."""
+    beat the group's per-shape baselines, else each shape's own baseline) against the shape's
+    baseline."""
     rows = []
-    base_rows = table.get(baseline_id, {})
     for group in tune.groups(shapes):
         names = [s.name for s in group]
-        ranked = [(cid, s) for cid, s in rank(table, baseline_id, names) if cid != baseline_id]
-        winner = ranked[0][0] if ranked and ranked[0][1] > 1.0 else baseline_id
+        ranked = rank(table, base_rows, names)
+        group_winner = ranked[0][0] if ranked and ranked[0][1] > 1.0 else None
         for shape in group:
+            own = baselines[shape.name]
+            winner = group_winner or own.candidate
             base = base_rows.get(shape.name)
             best = table.get(winner, {}).get(shape.name)
-            confirmed = [c for c in confirmations if c.shape == shape.name and c.candidate_id == winner]
-            conf = confirmed[-1] if confirmed else None  # a re-run's confirmation supersedes earlier ones
+            # Only pairs against this shape's own baseline back its speedup; a re-run's confirmation
+            # supersedes earlier ones.
+            confirmed = [c for c in confirmations if c.shape == shape.name and c.candidate_id == winner
+                         and c.baseline_id == own.candidate]
+            conf = confirmed[-1] if confirmed else None
             band = speedup_spread(base, best) if base and best else None
             rows.append(ShapeRow(
                 shape=shape.name, dims=shape.as_dict(),
@@ -121,7 +161,7 @@ def _shape_rows(tune: Tune, shapes: list[Shape], table: Table, baseline_id: str,
                 baseline_samples=base.samples if base else None, best_samples=best.samples if best else None,
                 baseline_j=base.joules if base else None, best_j=best.joules if best else None,
                 winner_rel_error=best.rel_error if best else None,
-                winner=winner, winner_is_baseline=winner == baseline_id,
+                winner=winner, winner_is_baseline=winner == own.candidate,
                 params=candidates[winner].params if winner in candidates else {},
                 template=candidates[winner].template if winner in candidates else None,
                 speedup=conf.median if conf else speedup(base, best),
@@ -134,14 +174,14 @@ def _shape_rows(tune: Tune, shapes: list[Shape], table: Table, baseline_id: str,
                 roofline=ShapeRoofline(
                     baseline=assess(base.flops, base.bytes, base.median_s, ceilings) if base and base.ok else None,
                     winner=assess(best.flops, best.bytes, best.median_s, ceilings) if best and best.ok else None),
+                baseline=own.candidate, baseline_source=own.source, baseline_params=own.params,
             ))
     return rows
 
 
-def _candidate_rows(order: list[str], table: Table, baseline_id: str, shapes: list[str],
+def _candidate_rows(order: list[str], table: Table, base_rows: dict[str, StoredResult], shapes: list[str],
                     candidates: dict[str, StoredCandidate], origin_of: dict[str, str],
                     worst: dict[str, str]) -> tuple[CandidateRow, ...]:
-    base_rows = table.get(baseline_id, {})
     rows = []
     for index, cid in enumerate(order):
         c = candidates.get(cid)
@@ -155,32 +195,34 @@ def _candidate_rows(order: list[str], table: Table, baseline_id: str, shapes: li
     return tuple(rows)
 
 
-def _winners(shape_rows: list[ShapeRow], candidates: dict[str, StoredCandidate], baseline_id: str) -> list[Winner]:
-    """The candidates that won some shape, with their diff against the baseline's source."""
+def _winners(shape_rows: list[ShapeRow], candidates: dict[str, StoredCandidate]) -> list[Winner]:
+    """The candidates that won some shape, with their diff against the source of the baseline of
+    the first shape each won."""
     winners = []
-    base = candidates.get(baseline_id)
     for wid in dict.fromkeys(r.winner for r in shape_rows if not r.winner_is_baseline):
         c = candidates.get(wid)
         if c is None:
             continue
+        won = [r for r in shape_rows if r.winner == wid and not r.winner_is_baseline]
+        against = won[0].baseline
+        base = candidates.get(against)
         winners.append(Winner(
             id=wid, template=c.template, origin=c.origin, parent=c.parent, params=c.params,
-            shapes=tuple(r.shape for r in shape_rows if r.winner == wid), source=c.source,
-            diff=_diff(base.source, c.source, baseline_id, wid) if base else "",
+            shapes=tuple(r.shape for r in won), source=c.source,
+            diff=_diff(base.source, c.source, against, wid) if base else "", against=against,
         ))
     return winners
 
 
-def _progress(order: list[str], table: Table, baseline_id: str, shapes: list[str], origins: dict[str, str],
-              tune: Tune) -> Progress:
+def _progress(order: list[str], table: Table, base: dict[str, StoredResult], shapes: list[str],
+              origins: dict[str, str], tune: Tune) -> Progress:
     """Speedup of each evaluation in stored order and the best speedup so far.
 
     All-shapes tuning: a candidate's speedup is its geometric mean over the block's shapes and the
     best so far is the running maximum. Per-shape tuning: every shape has its own best; the line is
     the geometric mean over shapes of the best so far per shape (the baseline, 1x, until a shape
-    finds better).
+    finds better). Every speedup is over the shape's own baseline (``base``: shape -> its result).
     """
-    base = table.get(baseline_id, {})
     points, best_line = [], []
     best_all = 0.0
     best_per_shape = {s: 1.0 for s in shapes}
@@ -217,10 +259,10 @@ def _suspects(table: Table, ceilings: Ceilings | None) -> tuple[Suspect, ...]:
     )
 
 
-def _pick_env(rows: list[StoredResult], baseline_id: str) -> str | None:
-    """The environment a block is reported in: the one of the most recent baseline measurement
-    (the baseline is measured first in every search, so this is the latest search's device)."""
-    base = [r for r in rows if r.candidate_id == baseline_id]
+def _pick_env(rows: list[StoredResult], baselines: Baselines) -> str | None:
+    """The environment a block is reported in: the one of the most recent measurement of a shape's
+    baseline (the baselines are measured first in every search, so this is the latest search's device)."""
+    base = [r for r in rows if r.candidate_id == baselines[r.shape].candidate]
     if not base:
         return None
     return max(base, key=lambda r: r.created).env_key

@@ -24,13 +24,15 @@ class CompareSide:
 @dataclass(frozen=True)
 class CompareRow:
     """One shape in both jobs (None: the job has no such shape). The ratios are A's time over
-    B's: above 1, B is faster."""
+    B's: above 1, B is faster. ``same_baseline``: both jobs timed the same baseline candidate on
+    this shape (False: the baseline ratio compares two different kernels)."""
 
     shape: str
     a: ShapeRow | None
     b: ShapeRow | None
     winner_ratio: float | None
     baseline_ratio: float | None
+    same_baseline: bool = True
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,7 @@ def compare(a: Report, b: Report) -> Comparison:
                 shape=shape, a=ra, b=rb,
                 winner_ratio=ratio(ra.best_s, rb.best_s) if ra and rb else None,
                 baseline_ratio=ratio(ra.baseline_s, rb.baseline_s) if ra and rb else None,
+                same_baseline=not (ra and rb and ra.baseline and rb.baseline and ra.baseline != rb.baseline),
             ))
         geo_a, geo_b = (next((blk.geomean_speedup for blk in r.blocks if blk.block == block), None) for r in (a, b))
         blocks.append(CompareBlock(block=block, rows=tuple(rows), geomean_a=geo_a, geomean_b=geo_b,
@@ -117,7 +120,12 @@ def compare_markdown(cmp: Comparison) -> str:
             for row in (r.a, r.b):
                 cells += [fmt_time(row.baseline_s if row else None), fmt_time(row.best_s if row else None),
                           speedup_text(row) if row else "-"]
-            lines.append(f"| {r.shape} | " + " | ".join(cells) + f" | {fmt_speedup(r.baseline_ratio)} | "
-                         f"{fmt_speedup(r.winner_ratio)} |")
+            lines.append(f"| {r.shape} | " + " | ".join(cells) + f" | {fmt_speedup(r.baseline_ratio)}"
+                         + ("" if r.same_baseline else " (different baselines)") + f" | {fmt_speedup(r.winner_ratio)} |")
         lines.append("")
+        differ = [r.shape for r in blk.rows if not r.same_baseline]
+        if differ:
+            lines.append("A and B timed different baselines (other baseline points or sources) on: "
+                         + ", ".join(differ) + ".")
+            lines.append("")
     return "\n".join(lines)

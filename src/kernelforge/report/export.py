@@ -15,13 +15,16 @@
 
 Every export also writes ``kernelforge-export-<format>.json`` (one per format, so exports of several
 formats can share the default folder): which job, device and versions, and for each
-exported entry the candidate, its speedup and whether the confirmation re-timing backed it.
+exported (block, shape) entry (:class:`ExportEntry`) the candidate, its speedup, whether the
+confirmation re-timing backed it, and the shape's baseline with its source (``baseline_source``).
 Only stored data is exported: winners are the report's winners (:func:`kernelforge.report.collect.collect`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +33,8 @@ from kernelforge.errors import UserError
 from kernelforge.devices.hardware import timed_device_name
 from kernelforge.job import Job
 from kernelforge.report.collect import collect
-from kernelforge.report.records import Report, ShapeRow
+from kernelforge.report.records import BlockReport, Report, ShapeRow
+from kernelforge.result import Status
 from kernelforge.report.write import write_text
 from kernelforge.store.store import Store
 
@@ -38,6 +42,9 @@ FORMATS = ("vllm", "triton", "source")
 
 #: The fused_moe config keys vLLM reads, in its order.
 VLLM_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
+#: The MoE template's GEMM2 parameters, by the GEMM1 key they mirror (BLOCK_SIZE_M is shared).
+#: vLLM's config file holds one configuration for both GEMMs.
+GEMM2_KEYS = {key: f"{key}2" for key in VLLM_KEYS if key != "BLOCK_SIZE_M"}
 
 
 def slug(block_id: str) -> str:
@@ -58,21 +65,81 @@ def vllm_file_name(E: int, N: int, device_name: str, dtype: str) -> str:
     return f"E={E},N={N},device_name={device_name}{suffix}.json"
 
 
-def _provenance(row: ShapeRow) -> dict[str, Any]:
-    """The provenance entry of one exported shape (kernelforge-export-<format>.json)."""
-    return {"shape": row.shape, "candidate": row.winner, "template": row.template,
-            "is_baseline": row.winner_is_baseline, "speedup": row.speedup,
-            "speedup_p20": row.speedup_p20, "speedup_p80": row.speedup_p80,
-            "confirmed": row.confirmed, "significant": row.significant, "params": row.params}
+@dataclass(frozen=True, kw_only=True)
+class ExportEntry:
+    """The provenance of one exported (block, shape) in kernelforge-export-<format>.json: the file
+    it went into (``token_count``: its key in a vLLM file), the winner exported, its speedup over
+    the shape's baseline, and that baseline (candidate, point, source)."""
+
+    file: str
+    block: str
+    shape: str
+    token_count: str | None = None
+    candidate: str
+    template: str | None
+    is_baseline: bool
+    speedup: float | None
+    speedup_p20: float | None
+    speedup_p80: float | None
+    confirmed: bool
+    significant: bool
+    params: dict[str, Any]
+    baseline: str
+    baseline_source: str
+    baseline_params: dict[str, Any]
 
 
-def vllm_configs(data: Report, catalog: Catalog) -> tuple[dict[str, dict[str, dict[str, int]]], list[str], list[dict]]:
+def _provenance(file: str, block: str, row: ShapeRow, token_count: str | None = None) -> ExportEntry:
+    """The provenance entry of one exported shape."""
+    return ExportEntry(file=file, block=block, shape=row.shape, token_count=token_count, candidate=row.winner,
+                       template=row.template, is_baseline=row.winner_is_baseline, speedup=row.speedup,
+                       speedup_p20=row.speedup_p20, speedup_p80=row.speedup_p80, confirmed=row.confirmed,
+                       significant=row.significant, params=row.params, baseline=row.baseline,
+                       baseline_source=row.baseline_source, baseline_params=row.baseline_params)
+
+
+def _gemm2_split(params: dict[str, Any]) -> list[str]:
+    """The GEMM2 parameters of ``params`` that differ from the GEMM1 ones they mirror."""
+    return [f"{k2}={params[k2]} vs {k}={params[k]}" for k, k2 in GEMM2_KEYS.items() if k2 in params and params[k2] != params[k]]
+
+
+def _fastest_shippable(store: Store, block: BlockReport, row: ShapeRow) -> ShapeRow | None:
+    """``row`` with its winner replaced by the fastest candidate measured on the shape (same
+    device and versions) that uses one configuration for both GEMMs, the shape's baseline when
+    none beats it, or None when the baseline itself is not shippable there. Its speedup is over
+    the same baseline; it is unconfirmed."""
+    if row.baseline_s is None:
+        return None
+    params = {c.id: c for c in store.candidates(block.block)}
+    best = None
+    for r in store.results(block=block.block):
+        c = params.get(r.candidate_id)
+        if (c is None or r.shape != row.shape or r.env_key != block.env_key or r.status is not Status.OK
+                or not r.median_s or (r.median_s >= row.baseline_s and c.id != row.baseline) or _gemm2_split(c.params)
+                or any(k not in c.params for k in VLLM_KEYS)):
+            continue
+        if best is None or r.median_s < best[0].median_s:
+            best = (r, c)
+    if best is None:
+        return None
+    r, c = best
+    is_baseline = c.id == row.baseline
+    return dataclasses.replace(row, winner=c.id, template=c.template, params=dict(c.params),
+                               best_s=row.baseline_s if is_baseline else r.median_s, best_p20_s=r.p20_s,
+                               best_p80_s=r.p80_s, best_samples=r.samples,
+                               speedup=1.0 if is_baseline else row.baseline_s / r.median_s, speedup_p20=None,
+                               speedup_p80=None, confirmed=False, pairs=0, significant=False,
+                               winner_is_baseline=is_baseline)
+
+
+def vllm_configs(data: Report, catalog: Catalog, store: Store) -> tuple[dict[str, dict[str, dict[str, int]]], list[str],
+                                                          list[ExportEntry]]:
     """File name -> {token count: config} for the MoE blocks of a collected report, the notes
     (what was skipped and why) and the provenance entries."""
     files: dict[str, dict[str, dict[str, int]]] = {}
     chosen: dict[tuple[str, str], dict[str, Any]] = {}
     notes: list[str] = []
-    entries: list[dict] = []
+    entries: list[ExportEntry] = []
     moe_blocks = [b for b in data.blocks if b.block in catalog.blocks and catalog.block(b.block).family == "moe"]
     if not moe_blocks:
         raise UserError(f"job {data.job} has no MoE block; --format vllm writes fused_moe configs "
@@ -92,6 +159,19 @@ def vllm_configs(data: Report, catalog: Catalog) -> tuple[dict[str, dict[str, di
                 notes.append(f"{block.block} {row.shape}: the winner's template {row.template} has no "
                              f"{', '.join(missing)}; vLLM's fused_moe kernel cannot use it; skipped")
                 continue
+            split = _gemm2_split(row.params)
+            if split:
+                shippable = _fastest_shippable(store, block, row)
+                note = (f"{block.block} {row.shape}: the winner configures GEMM2 apart from GEMM1 ({', '.join(split)}); "
+                        "vLLM's fused_moe config holds one configuration for both GEMMs (ship the winner with "
+                        "--format triton or --format source)")
+                if shippable is None:
+                    notes.append(f"{note}; no single-configuration candidate was measured there: skipped")
+                    continue
+                row = shippable
+                notes.append(f"{note}; exported the baseline's own configuration instead" if row.winner_is_baseline
+                             else f"{note}; exported the fastest single-configuration candidate {row.winner} "
+                                  f"({row.speedup:.3f}x over the baseline) instead")
             name = vllm_file_name(int(dims["E"]), int(dims["I"]), device, data.dtype)
             key = str(int(dims["T"]))
             previous = chosen.get((name, key))
@@ -103,7 +183,7 @@ def vllm_configs(data: Report, catalog: Catalog) -> tuple[dict[str, dict[str, di
                     continue
             chosen[(name, key)] = {"shape": row.shape, "routing": dims.get("ROUTING", "uniform")}
             files.setdefault(name, {})[key] = {k: int(row.params[k]) for k in VLLM_KEYS}
-            entries.append({"file": name, "token_count": key, **_provenance(row)})
+            entries.append(_provenance(name, block.block, row, token_count=key))
     if not files:
         raise UserError(f"job {data.job}: no MoE winner could be exported ({'; '.join(notes) or 'nothing stored'})")
     for name in files:
@@ -118,11 +198,11 @@ def _config_expr(params: dict[str, Any], module: str = "triton") -> str:
     return f"{module}.Config({kwargs!r}{extra})"
 
 
-def triton_modules(data: Report, store: Store) -> tuple[dict[str, str], list[dict]]:
+def triton_modules(data: Report, store: Store) -> tuple[dict[str, str], list[ExportEntry]]:
     """Module file name -> text: per block and winning template, the winning kernels and their
     ``triton.Config`` list."""
     modules: dict[str, str] = {}
-    entries: list[dict] = []
+    entries: list[ExportEntry] = []
     for block in data.blocks:
         rows = [r for r in block.shapes if r.best_s is not None]
         by_template: dict[str, list[ShapeRow]] = {}
@@ -170,16 +250,16 @@ def triton_modules(data: Report, store: Store) -> tuple[dict[str, str], list[dic
                 "",
             ]
             modules[name] = "\n".join(header) + cand.source.rstrip("\n") + "\n" + "\n".join(footer)
-            entries.extend({"file": name, "block": block.block, **_provenance(r)} for r in trows)
+            entries.extend(_provenance(name, block.block, r) for r in trows)
     if not modules:
         raise UserError(f"job {data.job}: no timed winner stored; run the search first")
     return modules, entries
 
 
-def source_files(data: Report, store: Store) -> tuple[dict[str, str], list[dict]]:
+def source_files(data: Report, store: Store) -> tuple[dict[str, str], list[ExportEntry]]:
     """File name -> rendered source of every distinct winner (the baseline where nothing beat it)."""
     files: dict[str, str] = {}
-    entries: list[dict] = []
+    entries: list[ExportEntry] = []
     for block in data.blocks:
         for r in block.shapes:
             if r.best_s is None:
@@ -190,7 +270,7 @@ def source_files(data: Report, store: Store) -> tuple[dict[str, str], list[dict]
                 if cand is None:
                     continue
                 files[name] = cand.source
-            entries.append({"file": name, "block": block.block, **_provenance(r)})
+            entries.append(_provenance(name, block.block, r))
     if not files:
         raise UserError(f"job {data.job}: no timed winner stored; run the search first")
     return files, entries
@@ -206,7 +286,7 @@ def export(job: Job, catalog: Catalog, store: Store, fmt: str, out: Path | None 
     notes: list[str] = []
     texts: dict[str, str]
     if fmt == "vllm":
-        configs, notes, entries = vllm_configs(data, catalog)
+        configs, notes, entries = vllm_configs(data, catalog, store)
         texts = {name: json.dumps(cfg, indent=4) + "\n" for name, cfg in configs.items()}
     elif fmt == "triton":
         texts, entries = triton_modules(data, store)
@@ -214,12 +294,12 @@ def export(job: Job, catalog: Catalog, store: Store, fmt: str, out: Path | None 
         texts, entries = source_files(data, store)
     for banner in data.banners:
         notes.append(f"caveat: {banner.text}")
-    if any(not e["confirmed"] and not e["is_baseline"] for e in entries):
+    if any(not e.confirmed and not e.is_baseline for e in entries):
         notes.append("caveat: some exported winners were not confirmed by interleaved re-timing (see 'confirmed' "
                      f"in kernelforge-export-{fmt}.json)")
     envs = {b.env_key: data.env(b) for b in data.blocks if b.env_key}
     provenance = {"job": data.job, "job_file": data.job_file, "dtype": data.dtype, "format": fmt,
-                  "environments": envs, "entries": entries, "notes": notes}
+                  "environments": envs, "entries": [asdict(e) for e in entries], "notes": notes}
     if fmt == "vllm":
         provenance["N"] = ("N is the expert intermediate size I of the measured shape (vLLM: E, _, N = w2.shape, "
                            "w2 [E, H, I] per tensor-parallel shard), i.e. TP 1")

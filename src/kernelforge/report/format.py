@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from kernelforge.devices.hardware import RooflinePoint
-from kernelforge.report.records import ShapeRow
+from kernelforge.report.records import BlockReport, ShapeRow
 from kernelforge.result import format_seconds
 
 
@@ -85,3 +85,21 @@ def env_title(env: dict[str, Any]) -> str:
         if env.get(key):
             parts.append(f"{key} {env[key]}")
     return ", ".join(parts)
+
+
+def baselines_text(block: BlockReport) -> str:
+    """Each distinct baseline source of a block with the shapes it covers: "Baseline: <source> for
+    a, b; <source> for c." ("" for a block without shapes, e.g. an older results.json)."""
+    if not block.baselines:
+        return ""
+    numbered = len(block.baselines) > 1
+    return "Baseline: " + "; ".join((f"[{i}] " if numbered else "") + f"{b.source} for {', '.join(b.shapes)}"
+                                    for i, b in enumerate(block.baselines, start=1)) + "."
+
+
+def baseline_ref(block: BlockReport, row: ShapeRow) -> str:
+    """The number of a shape's baseline source among the block's ("[2]"; "" with one source)."""
+    if len(block.baselines) < 2:
+        return ""
+    number = next((i for i, b in enumerate(block.baselines, start=1) if row.shape in b.shapes), None)
+    return f"[{number}]" if number else ""

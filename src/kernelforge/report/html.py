@@ -17,8 +17,8 @@ from markupsafe import Markup
 from kernelforge.job import Tune
 from kernelforge.report import svg
 from kernelforge.report.compare import CompareBlock, Comparison
-from kernelforge.report.format import (confirmed_text, env_title, fmt_delta, fmt_joules, fmt_rate, fmt_speedup,
-                                       fmt_time, params_text, roofline_cells)
+from kernelforge.report.format import (baseline_ref, baselines_text, confirmed_text, env_title, fmt_delta,
+                                       fmt_joules, fmt_rate, fmt_speedup, fmt_time, params_text, roofline_cells)
 from kernelforge.report.records import BlockReport, Report, Winner
 
 
@@ -51,7 +51,7 @@ def _env() -> Environment:
     env.filters.update(time=fmt_time, delta=fmt_delta, rate=fmt_rate, speedup=fmt_speedup, params=params_text,
                        joules=fmt_joules)
     env.globals.update(roofline_cells=roofline_cells, origin_colour=svg.origin_colour, env_title=env_title,
-                       confirmed_text=confirmed_text)
+                       confirmed_text=confirmed_text, baselines_text=baselines_text, baseline_ref=baseline_ref)
     return env
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 
-from kernelforge.report.format import (confirmed_text, fmt_delta, fmt_joules, fmt_speedup, fmt_time, params_text,
-                                       roofline_cells, speedup_text)
+from kernelforge.report.format import (baseline_ref, baselines_text, confirmed_text, fmt_delta, fmt_joules,
+                                       fmt_speedup, fmt_time, params_text, roofline_cells, speedup_text)
 from kernelforge.report.projected import NOTHING_PROJECTED
 from kernelforge.report.records import BlockReport, ProjectionReport, Report
 
@@ -59,20 +59,26 @@ def _block_markdown(block: BlockReport) -> list[str]:
                  + "; by origin: " + ", ".join(f"{k} {v}" for k, v in sorted(block.origins.items())) + "."
                  if geo else "No timed results.")
     lines.append("")
+    if block.baselines:
+        lines.append(baselines_text(block) + " Each shape's speedup is over its own baseline.")
+        lines.append("")
     lines.append("| shape | baseline | best | speedup (p20-p80) | confirmed | winner | parameters |")
     lines.append("|---|---|---|---|---|---|---|")
     for row in block.shapes:
         winner = "baseline" if row.winner_is_baseline else f"`{row.winner}` ({row.template})"
         confirmed = f"{confirmed_text(row)} ({row.pairs} pairs)" if row.confirmed else "no"
+        base = " ".join(filter(None, (fmt_time(row.baseline_s), baseline_ref(block, row))))
         lines.append(
-            f"| {row.shape} | {fmt_time(row.baseline_s)} | {fmt_time(row.best_s)} | {speedup_text(row)} | "
+            f"| {row.shape} | {base} | {fmt_time(row.best_s)} | {speedup_text(row)} | "
             f"{confirmed} | {winner} | {params_text(row.params)} |"
         )
+    lines.extend(_library_markdown(block))  # issue 11: the library reference line
     labels = sorted({r.timing_label for r in block.shapes if r.timing_label})
     if labels:
         lines.append("")
         lines.append("Timing: " + "; ".join(labels) + ".")
     lines.append("")
+    lines.extend(_baselines_markdown(block))
     if block.candidate_rows:
         lines.append(f"### Candidates of {block.block}")
         lines.append("")
@@ -86,8 +92,9 @@ def _block_markdown(block: BlockReport) -> list[str]:
     for w in block.winners:
         lines.append(f"### Winner `{w.id}` against the baseline source")
         lines.append("")
+        against = f" (diff against `{w.against}`, the baseline of {w.shapes[0]})" if w.against else ""
         lines.append(f"Template {w.template}, origin {w.origin}, parent "
-                     f"{('`' + w.parent + '`') if w.parent else '-'}; chosen for {', '.join(w.shapes)}.")
+                     f"{('`' + w.parent + '`') if w.parent else '-'}; chosen for {', '.join(w.shapes)}{against}.")
         lines.append("")
         lines.append("```diff")
         lines.append(w.diff.rstrip("\n") or "(identical sources)")
@@ -114,6 +121,34 @@ def _block_markdown(block: BlockReport) -> list[str]:
                              f"{k.get('spill_stores', '-')}/{k.get('spill_loads', '-')} | {k.get('shared_bytes', '-')} | "
                              f"{k.get('num_warps', '-')} | {k.get('num_stages', '-')} |")
         lines.append("")
+    return lines
+
+
+def _library_markdown(block: BlockReport) -> list[str]:
+    """Issue 11: the library reference (kernelforge.search.library) beside the baseline and the
+    best candidate of each shape: speedup = library time / their time."""
+    if not block.library:
+        return []
+    rows = {r.shape: r for r in block.shapes}
+    lines = ["", "| shape | library reference | library time | baseline vs library | best vs library |",
+             "|---|---|---|---|---|"]
+    for lib in block.library:
+        row = rows.get(lib.shape)
+        base, best = (row.baseline_s, row.best_s) if row else (None, None)
+        lines.append(f"| {lib.shape} | {lib.implementation} | {fmt_time(lib.median_s)} | "
+                     f"{fmt_speedup(lib.speedup_of(base))} | {fmt_speedup(lib.speedup_of(best))} |")
+    return lines
+
+
+def _baselines_markdown(block: BlockReport) -> list[str]:
+    """Each shape's baseline: the candidate, its point and where the point comes from."""
+    if not block.baselines:
+        return []
+    lines = [f"### Baselines of {block.block}", "", "| shape | baseline | point | source |", "|---|---|---|---|"]
+    for row in block.shapes:
+        lines.append(f"| {row.shape} | `{row.baseline}` | {params_text(row.baseline_params)} | "
+                     f"{' '.join(filter(None, (baseline_ref(block, row), row.baseline_source)))} |")
+    lines.append("")
     return lines
 
 
@@ -172,7 +207,8 @@ def _projection_markdown(projection: ProjectionReport | None) -> list[str]:
                                  f"{fmt_joules(c.baseline_j_per_token)} | {fmt_joules(c.winner_j_per_token)} | "
                                  f"{c.calls} |")
                 if ph.complete:
-                    lines.append(f"| **{ph.kind} total (these blocks)** | {ph.model} | {ph.batch or '-'} | "
+                    extra = ", dense parts estimated" if any(c.estimate for c in ph.components) else ""
+                    lines.append(f"| **{ph.kind} total (these blocks{extra})** | {ph.model} | {ph.batch or '-'} | "
                                  f"{fmt_time(ph.baseline_s)} | {fmt_time(ph.winner_s)} | {fmt_delta(ph.change_s)} | "
                                  f"{fmt_speedup(ph.speedup)} | {fmt_joules(ph.baseline_j_per_token)} | "
                                  f"{fmt_joules(ph.winner_j_per_token)} | all parts measured |")
@@ -180,6 +216,11 @@ def _projection_markdown(projection: ProjectionReport | None) -> list[str]:
             for n in notes:
                 lines.append("")
                 lines.append(f"Note: {n}.")
+            lines.append("")
+        if p.infeasible:
+            lines.append("Does not fit the GPU's memory (not projected):")
+            lines.append("")
+            lines.extend(f"- {f.message}" for f in p.infeasible)
             lines.append("")
         if p.missing_groups:
             lines.append("Missing shapes (no projection is made from them):")

@@ -1,6 +1,8 @@
 """The model-level projection of a report (TTFT/TBT, see :mod:`kernelforge.report.projection`)
-from the collected blocks' per-call times, as report records: the phases with a measured part, and
-every shape a profile needs that the job did not measure, with why."""
+from the collected blocks' per-call times, as report records: the phases with a measured part
+(the dense parts as labelled roofline estimates at the ceilings of the GPU that measured the
+blocks), the phases that do not fit that GPU's memory, and every shape a profile needs that the
+job did not measure, with why."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import re
 from typing import Any, Sequence
 
 from kernelforge.catalog import Catalog
+from kernelforge.devices.hardware import ceilings_for
 from kernelforge.report import projection as proj
 from kernelforge.report.records import (BlockReport, ComponentRow, MissingGroup, MissingShape, PhaseRow,
                                         ProfileReport, ProjectionReport)
@@ -19,9 +22,12 @@ NOTHING_PROJECTED = ("**Nothing is projected:** this job measured none of the GP
 PROJECTED_BLOCKS = (proj.PREFILL_BLOCK, proj.DECODE_BLOCK, proj.MOE_BLOCK)
 
 
-def collect_projection(blocks: Sequence[BlockReport], catalog: Catalog) -> ProjectionReport:
+def collect_projection(blocks: Sequence[BlockReport], catalog: Catalog, *, chunk: int | None = None) -> ProjectionReport:
     """The model-level projection from the collected blocks (winner and baseline per-call times
-    of the attention and MoE blocks' shapes)."""
+    of the attention and MoE blocks' shapes). ``chunk``: the job's prefill chunk size (None: the
+    MoE prefill is one pass over the prompt). Estimates and the memory check use the ceilings of
+    the GPU that measured the prefill (TTFT) or decode (TBT) attention; none on the interpreter or
+    an unknown GPU."""
     measured: dict[tuple[str, str], proj.Measured] = {}
     devices: dict[str, str] = {}
     for b in blocks:
@@ -45,7 +51,9 @@ def collect_projection(blocks: Sequence[BlockReport], catalog: Catalog) -> Proje
             stored = [int(s.rsplit("/T", 1)[1]) for s in known.get(proj.MOE_BLOCK, ())
                       if s.startswith(model.moe_set + "/T") and s.rsplit("/T", 1)[1].isdigit()]
         moe_tokens[model.name] = sorted(stored)
-    projection = proj.project(measured, moe_tokens)
+    ceilings = {block: ceilings_for(name) for block, name in devices.items()}
+    projection = proj.project(measured, moe_tokens, chunk=chunk, prefill_ceilings=ceilings.get(proj.PREFILL_BLOCK),
+                              decode_ceilings=ceilings.get(proj.DECODE_BLOCK))
     profiles = []
     for pname, profile in proj.PROFILES.items():
         phases = projection.for_profile(pname)
@@ -59,15 +67,21 @@ def collect_projection(blocks: Sequence[BlockReport], catalog: Catalog) -> Proje
             groups.setdefault((m.block, m.why), []).append(m.shape)
         profiles.append(ProfileReport(
             profile=pname, input_tokens=profile.input_tokens, output_tokens=profile.output_tokens,
-            phases=tuple(_phase_row(p) for p in phases if any(c.complete for c in p.components)),
+            phases=tuple(_phase_row(p) for p in phases if _measured(p)),
             missing=tuple(listed),
             missing_groups=tuple(MissingGroup(block=b, why=why, shapes=tuple(shapes))
                                  for (b, why), shapes in groups.items()),
-            measured_any=any(c.complete for p in phases for c in p.components),
+            measured_any=any(_measured(p) for p in phases),
+            infeasible=tuple(p.fit for p in phases if p.fit is not None and not p.feasible),
         ))
     return ProjectionReport(profiles=tuple(profiles), devices=devices, not_measured=tuple(proj.NOT_MEASURED),
                             measured_any=any(p.measured_any for p in profiles),
-                            models={m.name: m.layers for m in proj.MODELS.values()})
+                            models={m.name: m.layers for m in proj.MODELS.values()}, estimated=proj.ESTIMATED)
+
+
+def _measured(phase: proj.Phase) -> bool:
+    """A feasible phase with a measured part (an estimate alone is not a projection)."""
+    return phase.feasible and any(c.complete and not c.estimate for c in phase.components)
 
 
 def _natural(text: str) -> list[Any]:
@@ -86,6 +100,6 @@ def _phase_row(p: proj.Phase) -> PhaseRow:
             change_s=(c.winner_s - c.baseline_s) if c.complete else None,
             baseline_j_per_token=c.baseline_j / p.tokens if c.baseline_j is not None else None,
             winner_j_per_token=c.winner_j / p.tokens if c.winner_j is not None else None,
-            missing=tuple(s for _, s in c.missing), note=c.note,
+            missing=tuple(s for _, s in c.missing), note=c.note, estimate=c.estimate,
         ) for c in p.components),
     )

@@ -4,51 +4,54 @@
 Pure arithmetic over plain numbers (no store, no torch), so the report can show its working and a
 test can check it against a worked example by hand.
 
-The model (BLOCKS.md, model dimensions and workload profiles):
+The model (BLOCKS.md; dimensions from the public ``config.json`` of ``openai/gpt-oss-120b`` and
+``openai/gpt-oss-20b``: hidden 2880, 64 query and 8 KV heads of 64, vocabulary 201088, sliding
+window 128, 128 or 32 experts with top-4, 36 or 24 layers):
 
-- a layer runs one attention call and one MoE-experts call; GPT-OSS-120b has 36 layers, -20b 24;
-  window-128 attention on even layers and full attention on odd ones (0-based), so with L layers
-  ``ceil(L/2)`` are window layers and ``floor(L/2)`` full layers (18/18 and 12/12);
-- TTFT (the blocks' part of it): the prefill attention of the profile's input tokens on every
-  layer, plus the MoE experts over those tokens. MoE is measured at fixed token counts (presets
-  T1..T4096), so the preset closest to the prefill token count is used and the prefill is counted as
-  ``ceil(tokens / T)`` calls of that preset, the way a chunked prefill runs it; the report says so;
-- TBT (the blocks' part of it): one decode step at batch B: decode attention over the profile's
-  full context on every layer, plus the MoE experts at B tokens (one per sequence). The decode
-  attention presets hold the longest cache of the profile (input + output tokens), so this is the
-  slowest step of the profile;
-- energy, where measured: joules per token = energy of the blocks' calls / tokens produced (the
-  prefill's input tokens for TTFT, B tokens for one decode step).
+- a layer runs one attention call and one MoE-experts call (measured), and its dense parts: the
+  QKV and output projections, the router, two fused add + RMSNorms (not measured: **roofline
+  estimates** at the measured ceilings of the GPU, labelled ``estimate`` and the same for baseline
+  and winner); the LM head (with the final norm) runs once per forward pass, on the rows that are
+  sampled (the prompt's last token for TTFT, one row per sequence for TBT), also an estimate;
+- window-128 attention on even layers and full attention on odd ones (0-based): ``ceil(L/2)``
+  window layers and ``floor(L/2)`` full ones;
+- TTFT: the prefill of the profile's prompt, attention on every layer plus the MoE experts **in one
+  pass over the prompt** (preset ``T<prompt tokens>``), or, when the job states a prefill chunk
+  size C, ``prompt // C`` calls of ``T<C>`` plus one call of the remainder;
+- TBT: one decode step at batch B: decode attention over the profile's full context (the slowest
+  step of the profile) plus the MoE experts at B tokens (the closest stored preset);
+- **feasibility**: a phase is projected only if its sequences fit the GPU: the weights (MXFP4
+  experts, bf16 rest) plus the KV cache, counted at its smallest (window layers keep 128 keys; the
+  presets lay every layer out at the full context, which is reported beside it). A phase that
+  does not fit is reported as infeasible with the numbers (:class:`Feasibility`), not projected;
+- energy, where measured, of the measured blocks only (estimates have none): joules per token =
+  energy / tokens of the phase (prompt tokens for TTFT, B for one decode step).
 
-Everything else in a layer (RMSNorm, router, QKV and output projections, RoPE, KV-cache writes,
-communication) and outside the layers (embedding, LM head, sampling, scheduling) is not measured
-and not included: the figures are the change in these blocks' contribution, not a full TTFT/TBT.
+Not included at all: RoPE, KV-cache writes, embedding lookup, sampling, scheduling and
+communication (:data:`NOT_MEASURED`).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
+
+from kernelforge.devices.hardware import Ceilings
+# The model's costs live beside; names used by callers of this module stay importable from here.
+from kernelforge.report.model_costs import (Feasibility, Model, Work, feasibility, head_work,  # noqa: F401
+                                            layer_dense_work, layer_split, roofline_s)
 
 PREFILL_BLOCK = "attention/gpt_oss_prefill"
 DECODE_BLOCK = "attention/gpt_oss_decode"
 MOE_BLOCK = "moe/gpt_oss_experts"
+#: The ``block`` of the dense parts' components: roofline estimates, no block measured them.
+ESTIMATE = "estimate"
 
-#: Not measured by any block: stated beside every projection.
-NOT_MEASURED = ("RMSNorm", "router (linear + top-k + softmax)", "QKV and output projections", "RoPE",
-                "KV-cache writes", "residual adds", "embedding and LM head", "sampling",
+#: Neither measured nor estimated: stated beside every projection.
+NOT_MEASURED = ("RoPE", "KV-cache writes", "embedding lookup", "sampling", "scheduling",
                 "tensor-parallel communication")
-
-
-@dataclass(frozen=True)
-class Model:
-    """A model the projection knows: its layer count and the MoE shape set with its dimensions."""
-
-    name: str
-    layers: int
-    moe_set: str
-
+#: Estimated at the roofline, not measured (labelled as estimates in every phase).
+ESTIMATED = ("QKV and output projections", "router", "RMSNorms with residual adds", "final norm and LM head")
 
 @dataclass(frozen=True)
 class Profile:
@@ -61,8 +64,8 @@ class Profile:
 
 
 MODELS: dict[str, Model] = {
-    "gpt-oss-120b": Model("gpt-oss-120b", 36, "gpt-oss-120b"),
-    "gpt-oss-20b": Model("gpt-oss-20b", 24, "gpt-oss-20b"),
+    "gpt-oss-120b": Model("gpt-oss-120b", 36, "gpt-oss-120b", experts=128),
+    "gpt-oss-20b": Model("gpt-oss-20b", 24, "gpt-oss-20b", experts=32),
 }
 
 PROFILES: dict[str, Profile] = {
@@ -76,8 +79,6 @@ PROFILES: dict[str, Profile] = {
 #: Serving concurrency of the decode presets (attention/gpt_oss_decode BATCHES).
 BATCHES: tuple[int, ...] = (1, 8, 32, 64)
 
-
-# -- shape names (the blocks' preset naming) ----------------------------------------------------
 
 def prefill_shapes(profile: str) -> dict[str, str]:
     """Layer kind -> prefill attention preset name of a profile."""
@@ -94,14 +95,6 @@ def moe_shape(model: Model, tokens: int) -> str:
     return f"{model.moe_set}/T{tokens}"
 
 
-# -- the arithmetic -------------------------------------------------------------------------------
-
-def layer_split(layers: int) -> tuple[int, int]:
-    """(full layers, window layers): window attention on even layers, full on odd ones."""
-    window = (layers + 1) // 2
-    return layers - window, window
-
-
 def closest_tokens(target: int, available: Iterable[int]) -> int | None:
     """The available token count closest to ``target`` (the larger one on a tie), or None."""
     options = sorted(set(available))
@@ -110,21 +103,31 @@ def closest_tokens(target: int, available: Iterable[int]) -> int | None:
     return min(options, key=lambda t: (abs(t - target), -t))
 
 
-def moe_calls(tokens: int, preset: int) -> int:
-    """How many MoE calls of ``preset`` tokens process ``tokens`` tokens (a chunked prefill)."""
-    return max(1, math.ceil(tokens / preset))
+def prefill_chunks(tokens: int, chunk: int | None = None) -> list[tuple[int, int]]:
+    """(tokens per MoE call, calls) of a prefill of ``tokens``: one pass over the prompt, or with a
+    stated ``chunk`` size, ``tokens // chunk`` calls of ``chunk`` and one of the remainder."""
+    if not chunk or chunk >= tokens:
+        return [(tokens, 1)]
+    full, rest = divmod(tokens, chunk)
+    return [(chunk, full)] + ([(rest, 1)] if rest else [])
 
 
-def attention_total(layers: int, full: float, window: float) -> float:
-    """Attention over all layers: full-layer calls plus window-layer calls (seconds or joules)."""
-    n_full, n_window = layer_split(layers)
-    return n_full * full + n_window * window
+# -- the dense parts: roofline estimates ---------------------------------------------------------
+
+def dense_estimate(model: Model, chunks: list[tuple[int, int]], head_rows: int, ceilings: Ceilings) -> "Component":
+    """The estimate component of a phase: every layer's dense kernels over each (rows, calls)
+    chunk, plus the LM head over ``head_rows`` rows once."""
+    per_layer = sum(calls * roofline_s(w, ceilings) for rows, calls in chunks
+                    for w in layer_dense_work(model, rows).values())
+    seconds = model.layers * per_layer + roofline_s(head_work(model, head_rows), ceilings)
+    note = (f"roofline estimate, not measured: QKV/O projections, router and norms on {model.layers} layers, "
+            f"LM head on {head_rows} row(s), at {ceilings.name} {ceilings.practical_bandwidth / 1e12:.2f} TB/s, "
+            f"{ceilings.practical_flops / 1e12:.0f} TFLOP/s")
+    return Component(ESTIMATE, "dense parts (estimate)", (), (), f"{model.layers} layers + LM head", seconds,
+                     seconds, note=note, estimate=True)
 
 
-def moe_total(layers: int, per_call: float, calls: int = 1) -> float:
-    """MoE experts over all layers: ``calls`` calls per layer (seconds or joules)."""
-    return layers * calls * per_call
-
+# -- phases --------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Measured:
@@ -138,11 +141,9 @@ class Measured:
 
 @dataclass(frozen=True)
 class Component:
-    """One block's contribution to a phase, summed over the model's layers.
-
-    ``shapes`` are the shape names it needs (block, shape); ``missing`` those not measured.
-    Times are None when anything is missing (no partial sums that look complete).
-    """
+    """One part of a phase, summed over the model's layers: a measured block's (``shapes`` it
+    needs as (block, shape), ``missing`` those not measured; times None when anything is missing)
+    or, with ``estimate``, the dense parts' roofline estimate (no shapes, no energy)."""
 
     block: str
     label: str
@@ -154,6 +155,7 @@ class Component:
     baseline_j: float | None = None
     winner_j: float | None = None
     note: str = ""
+    estimate: bool = False
 
     @property
     def complete(self) -> bool:
@@ -162,7 +164,8 @@ class Component:
 
 @dataclass(frozen=True)
 class Phase:
-    """TTFT (prefill) or TBT (one decode step at a batch size) of one model and profile."""
+    """TTFT (prefill) or TBT (one decode step at a batch size) of one model and profile. An
+    infeasible phase (``fit`` says why) has no components; ``fit`` None: memory not checked."""
 
     kind: str  # "TTFT" or "TBT"
     model: str
@@ -170,13 +173,18 @@ class Phase:
     batch: int | None
     tokens: int  # tokens this phase produces or consumes: prefill tokens, or the batch for TBT
     components: tuple[Component, ...]
+    fit: Feasibility | None = None
+
+    @property
+    def feasible(self) -> bool:
+        return self.fit is None or self.fit.feasible
 
     @property
     def complete(self) -> bool:
-        return all(c.complete for c in self.components)
+        return self.feasible and all(c.complete for c in self.components)
 
-    def _sum(self, attr: str) -> float | None:
-        values = [getattr(c, attr) for c in self.components]
+    def _sum(self, attr: str, measured_only: bool = False) -> float | None:
+        values = [getattr(c, attr) for c in self.components if not (measured_only and c.estimate)]
         return sum(values) if self.complete and all(v is not None for v in values) else None
 
     @property
@@ -198,15 +206,17 @@ class Phase:
         b, w = self.baseline_s, self.winner_s
         return None if not b or not w else b / w
 
-    @property
-    def baseline_j_per_token(self) -> float | None:
-        j = self._sum("baseline_j")
+    def _per_token(self, attr: str) -> float | None:
+        j = self._sum(attr, measured_only=True)  # energy of the measured blocks: estimates have none
         return None if j is None else j / self.tokens
 
     @property
+    def baseline_j_per_token(self) -> float | None:
+        return self._per_token("baseline_j")
+
+    @property
     def winner_j_per_token(self) -> float | None:
-        j = self._sum("winner_j")
-        return None if j is None else j / self.tokens
+        return self._per_token("winner_j")
 
     @property
     def missing(self) -> list[tuple[str, str]]:
@@ -216,7 +226,7 @@ class Phase:
 def _component(block: str, label: str, needed: list[tuple[str, str, float]], measured: Mapping[tuple[str, str], Measured],
                calls_per_layer: str, note: str = "") -> Component:
     """Sum ``weight x per-call figure`` over the needed (block, shape, weight) triples."""
-    shapes = tuple((b, s) for b, s, _ in needed)
+    shapes = tuple(dict.fromkeys((b, s) for b, s, _ in needed))
     missing = tuple(key for key in shapes if key not in measured)
     if missing:
         return Component(block, label, shapes, missing, calls_per_layer, note=note)
@@ -229,51 +239,53 @@ def _component(block: str, label: str, needed: list[tuple[str, str, float]], mea
     return Component(block, label, shapes, (), calls_per_layer, base, win, base_j, win_j, note)
 
 
-def ttft(model: Model, profile: Profile, measured: Mapping[tuple[str, str], Measured],
-         moe_tokens: Iterable[int]) -> Phase:
-    """The blocks' contribution to TTFT of ``model`` on ``profile``.
-
-    ``measured`` maps (block, shape) to per-call figures; ``moe_tokens`` are the token counts of the
-    model's MoE presets to choose from (the stored ones, else the block's presets, so that a missing
-    shape can be named).
-    """
+def _attention(block: str, label: str, names: dict[str, str], model: Model,
+               measured: Mapping[tuple[str, str], Measured]) -> Component:
     n_full, n_window = layer_split(model.layers)
-    names = prefill_shapes(profile.name)
-    attention = _component(
-        PREFILL_BLOCK, "attention (prefill)",
-        [(PREFILL_BLOCK, names["full"], n_full), (PREFILL_BLOCK, names["window"], n_window)], measured,
-        f"{n_full} full-layer calls + {n_window} window-layer calls")
-    preset = closest_tokens(profile.input_tokens, moe_tokens)
-    if preset is None:
-        moe = Component(MOE_BLOCK, "MoE experts", (), ((MOE_BLOCK, f"{model.moe_set}/T*"),), "-",
-                        note="no MoE token-count preset of this model")
-    else:
-        calls = moe_calls(profile.input_tokens, preset)
-        note = (f"closest stored MoE preset to {profile.input_tokens} prefill tokens: T{preset}; counted as "
-                f"ceil({profile.input_tokens}/{preset}) = {calls} call(s) per layer (chunked prefill)")
-        moe = _component(MOE_BLOCK, "MoE experts", [(MOE_BLOCK, moe_shape(model, preset), model.layers * calls)],
-                         measured, f"{model.layers} layers x {calls} call(s) of T{preset}", note)
-    return Phase("TTFT", model.name, profile.name, None, profile.input_tokens, (attention, moe))
+    return _component(block, label, [(block, names["full"], n_full), (block, names["window"], n_window)], measured,
+                      f"{n_full} full-layer calls + {n_window} window-layer calls")
+
+
+def ttft(model: Model, profile: Profile, measured: Mapping[tuple[str, str], Measured], *,
+         chunk: int | None = None, ceilings: Ceilings | None = None) -> Phase:
+    """TTFT of ``model`` on ``profile``: prefill attention, the MoE experts in one pass over the
+    prompt (or in ``chunk``-token calls), and, with ``ceilings``, the dense parts' estimate and
+    the memory check. ``measured`` maps (block, shape) to per-call figures."""
+    tokens = profile.input_tokens
+    fit = feasibility(model, "TTFT", 1, tokens, ceilings)
+    if fit is not None and not fit.feasible:
+        return Phase("TTFT", model.name, profile.name, None, tokens, (), fit)
+    chunks = prefill_chunks(tokens, chunk)
+    how = "one pass over the prompt" if len(chunks) == 1 and chunks[0][0] == tokens else f"chunks of {chunk} tokens"
+    calls = " + ".join(f"{n} x T{t}" for t, n in chunks)
+    moe = _component(MOE_BLOCK, "MoE experts", [(MOE_BLOCK, moe_shape(model, t), model.layers * n) for t, n in chunks],
+                     measured, f"{model.layers} layers x ({calls})", f"MoE prefill of {tokens} tokens as {how}")
+    parts = [_attention(PREFILL_BLOCK, "attention (prefill)", prefill_shapes(profile.name), model, measured), moe]
+    if ceilings is not None:
+        parts.append(dense_estimate(model, chunks, 1, ceilings))
+    return Phase("TTFT", model.name, profile.name, None, tokens, tuple(parts), fit)
 
 
 def tbt(model: Model, profile: Profile, batch: int, measured: Mapping[tuple[str, str], Measured],
-        moe_tokens: Iterable[int]) -> Phase:
-    """The blocks' contribution to one decode step (TBT) at ``batch`` sequences."""
-    n_full, n_window = layer_split(model.layers)
-    names = decode_shapes(profile.name, batch)
-    attention = _component(
-        DECODE_BLOCK, "attention (decode)",
-        [(DECODE_BLOCK, names["full"], n_full), (DECODE_BLOCK, names["window"], n_window)], measured,
-        f"{n_full} full-layer calls + {n_window} window-layer calls")
+        moe_tokens: Iterable[int], *, ceilings: Ceilings | None = None) -> Phase:
+    """One decode step (TBT) at ``batch`` sequences; ``moe_tokens`` are the token counts of the
+    model's MoE presets to choose from (the closest to the batch is used, and named)."""
+    context = profile.input_tokens + profile.output_tokens
+    fit = feasibility(model, "TBT", batch, context, ceilings)
+    if fit is not None and not fit.feasible:
+        return Phase("TBT", model.name, profile.name, batch, batch, (), fit)
     preset = closest_tokens(batch, moe_tokens)
     if preset is None:
-        moe = Component(MOE_BLOCK, "MoE experts", (), ((MOE_BLOCK, f"{model.moe_set}/T{batch}"),), "-",
+        moe = Component(MOE_BLOCK, "MoE experts", (), ((MOE_BLOCK, moe_shape(model, batch)),), "-",
                         note="no MoE token-count preset of this model")
     else:
         note = "" if preset == batch else f"closest stored MoE preset to batch {batch}: T{preset}"
         moe = _component(MOE_BLOCK, "MoE experts", [(MOE_BLOCK, moe_shape(model, preset), model.layers)], measured,
                          f"{model.layers} calls of T{preset}", note)
-    return Phase("TBT", model.name, profile.name, batch, batch, (attention, moe))
+    parts = [_attention(DECODE_BLOCK, "attention (decode)", decode_shapes(profile.name, batch), model, measured), moe]
+    if ceilings is not None:
+        parts.append(dense_estimate(model, [(batch, 1)], batch, ceilings))
+    return Phase("TBT", model.name, profile.name, batch, batch, tuple(parts), fit)
 
 
 @dataclass
@@ -288,16 +300,19 @@ class Projection:
 
 def project(measured: Mapping[tuple[str, str], Measured], moe_tokens: Mapping[str, Iterable[int]],
             profiles: Iterable[str] = tuple(PROFILES), models: Iterable[str] = tuple(MODELS),
-            batches: Iterable[int] = BATCHES) -> Projection:
+            batches: Iterable[int] = BATCHES, *, chunk: int | None = None,
+            prefill_ceilings: Ceilings | None = None, decode_ceilings: Ceilings | None = None) -> Projection:
     """TTFT and TBT phases for every (profile, model, batch). ``moe_tokens``: model name -> the
-    token counts its MoE presets may be taken from."""
+    token counts its decode MoE presets may be taken from; ``chunk``: the job's prefill chunk size
+    (None: one pass); the ceilings of the GPU the prefill and decode blocks were measured on
+    (None: no estimates, no memory check)."""
     out = Projection()
     for pname in profiles:
         profile = PROFILES[pname]
         for mname in models:
             model = MODELS[mname]
             tokens = list(moe_tokens.get(mname, ()))
-            out.phases.append(ttft(model, profile, measured, tokens))
+            out.phases.append(ttft(model, profile, measured, chunk=chunk, ceilings=prefill_ceilings))
             for b in batches:
-                out.phases.append(tbt(model, profile, b, measured, tokens))
+                out.phases.append(tbt(model, profile, b, measured, tokens, ceilings=decode_ceilings))
     return out

@@ -3,7 +3,9 @@ and rendered as REPORT.md, results.json and index.html.
 
 results.json is :meth:`Report.to_json`: these records as plain data, with the same field names.
 Times are seconds, speedups baseline time / winner time (above 1: the winner is faster); None
-where nothing was measured.
+where nothing was measured. Every shape's baseline is the block's baseline template rendered at
+that shape's baseline point (``Template.baseline_for``): shapes of one block can have different
+baselines, each named with its source (:class:`ShapeBaseline`, :class:`BaselineSource`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from typing import Any
 
 from kernelforge.devices.hardware import Ceilings, RooflinePoint
 from kernelforge.job import Tune
+from kernelforge.report.projection import Feasibility
+from kernelforge.library import LibraryLine
 from kernelforge.store.records import StoredCompile
 
 
@@ -26,6 +30,28 @@ class Banner:
 
 
 @dataclass(frozen=True)
+class ShapeBaseline:
+    """The human baseline of one shape: the candidate rendered at the shape's baseline point
+    (``params``), and where that point comes from (``source``; ``rule``: the index of the
+    template's ``[[baselines]]`` rule, None for the ``[baseline]`` fallback)."""
+
+    shape: str
+    candidate: str
+    params: dict[str, Any]
+    source: str
+    rule: int | None
+
+
+@dataclass(frozen=True)
+class BaselineSource:
+    """One distinct source of a block's baselines and the shapes it gives the baseline of."""
+
+    source: str
+    rule: int | None
+    shapes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class ShapeRoofline:
     """Where the baseline's and the winner's timings of one shape sit against the roofline."""
 
@@ -35,8 +61,11 @@ class ShapeRoofline:
 
 @dataclass(frozen=True, kw_only=True)
 class ShapeRow:
-    """One shape of a block: the baseline, the winner of the shape's study, and the speedup with
-    its p20-p80 spread (from the confirmation pairs when ``confirmed``, else the timing bands)."""
+    """One shape of a block: the shape's baseline (``baseline``: its candidate id, rendered at the
+    shape's baseline point ``baseline_params`` from ``baseline_source``), the winner of the shape's
+    study, and the speedup over that baseline with its p20-p80 spread (from the confirmation pairs
+    when ``confirmed``, else the timing bands). ``winner_is_baseline``: the winner is this shape's
+    baseline."""
 
     shape: str
     dims: dict[str, Any]
@@ -66,6 +95,9 @@ class ShapeRow:
     timing_label: str | None
     timing_method: str | None
     roofline: ShapeRoofline
+    baseline: str = ""
+    baseline_source: str = ""
+    baseline_params: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -86,7 +118,7 @@ class CandidateRow:
 @dataclass(frozen=True)
 class Winner:
     """A candidate that beat the baseline on some shapes, with its source and its diff against
-    the baseline's source."""
+    the source of the baseline of the first of those shapes (``against``: that baseline's id)."""
 
     id: str
     template: str
@@ -96,6 +128,7 @@ class Winner:
     shapes: tuple[str, ...]
     source: str
     diff: str
+    against: str = ""
 
 
 @dataclass(frozen=True)
@@ -148,7 +181,11 @@ class RooflineMeta:
 @dataclass(frozen=True, kw_only=True)
 class BlockReport:
     """Everything the report says about one block, in the environment of its latest baseline
-    measurement (``env_key``). Sections an older report lacks have empty defaults."""
+    measurement (``env_key``). Sections an older report lacks have empty defaults.
+
+    ``baseline`` is the candidate at the baseline template's ``[baseline]`` point (the fallback);
+    each shape's own baseline is ``ShapeRow.baseline``, and ``baselines`` names every distinct
+    source with the shapes it covers, in shape order."""
 
     block: str
     description: str
@@ -168,6 +205,9 @@ class BlockReport:
     compiles: tuple[CompileRow, ...] = ()
     roofline: RooflineMeta | None = None
     suspects: tuple[Suspect, ...] = ()
+    baselines: tuple[BaselineSource, ...] = ()
+    # issue 11 (library reference, kernelforge.search.library): the fastest library result per shape.
+    library: tuple[LibraryLine, ...] = ()
 
 
 # -- the model-level projection --------------------------------------------------------------------
@@ -192,7 +232,8 @@ class MissingGroup:
 
 @dataclass(frozen=True)
 class ComponentRow:
-    """One block's part of a phase (see kernelforge.report.projection.Component)."""
+    """One block's part of a phase (see kernelforge.report.projection.Component); ``estimate``:
+    a roofline estimate of the dense parts, not a measurement."""
 
     block: str
     label: str
@@ -205,6 +246,7 @@ class ComponentRow:
     winner_j_per_token: float | None
     missing: tuple[str, ...]
     note: str
+    estimate: bool = False
 
 
 @dataclass(frozen=True)
@@ -227,7 +269,8 @@ class PhaseRow:
 
 @dataclass(frozen=True)
 class ProfileReport:
-    """The projection of one workload profile: the phases with a measured part, what is missing."""
+    """The projection of one workload profile: the phases with a measured part, what is missing,
+    and the phases that do not fit the GPU's memory (``infeasible``, with the numbers: not projected)."""
 
     profile: str
     input_tokens: int
@@ -236,6 +279,7 @@ class ProfileReport:
     missing: tuple[MissingShape, ...]
     missing_groups: tuple[MissingGroup, ...]
     measured_any: bool
+    infeasible: tuple[Feasibility, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -247,6 +291,7 @@ class ProjectionReport:
     not_measured: tuple[str, ...]
     measured_any: bool
     models: dict[str, int]  # model name -> layers
+    estimated: tuple[str, ...] = ()  # parts included as roofline estimates (labelled as such)
 
 
 # -- the whole report -------------------------------------------------------------------------------

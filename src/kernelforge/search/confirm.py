@@ -1,5 +1,7 @@
-"""The end of a search: re-time the best few candidates interleaved with the baseline, and declare
-a winner only outside the noise band.
+"""The end of a search: re-time the best few candidates interleaved with the baseline of each shape
+they are confirmed on (per-shape baselines: :func:`kernelforge.search.plan.baseline_candidates`),
+and declare a winner only outside the noise band. A baseline candidate is never confirmed: it is
+what the candidates are compared with.
 
 Fast outliers are common in a search's single measurements; re-timing in baseline/candidate pairs
 cancels drift of the machine, and the pairs' spread says whether the speedup is real: a candidate
@@ -12,7 +14,7 @@ import time
 from typing import Any
 
 from kernelforge.devices.base import quantiles
-from kernelforge.objective import by_candidate, rank
+from kernelforge.objective import baseline_results, by_candidate, rank
 from kernelforge.search.context import RunContext
 
 #: How many of the best candidates per block are re-timed against the baseline, by executor kind
@@ -33,18 +35,22 @@ def confirm(run: RunContext, top: int | None = None) -> dict[str, list[dict[str,
     for spec in run.job.blocks:
         block = run.catalog.block(spec.id)
         shapes = block.shapes(spec.shapes)
-        baseline = run.baselines[block.id]
+        baselines = run.baselines[block.id]  # shape name -> that shape's baseline candidate
+        base_ids = run.baseline_ids(block.id)
         table = by_candidate(r for r in run.store.results(block=block.id, dtype=run.dtype_name)
                              if r.env_key == run.env_key)
+        base = baseline_results(table, {name: c.id for name, c in baselines.items()})
         for group in run.job.tune.groups(shapes):
-            ranked = [(cid, s) for cid, s in rank(table, baseline.id, [x.name for x in group])
-                      if cid != baseline.id and s > 1.0][:top]
+            ranked = [(cid, s) for cid, s in rank(table, base, [x.name for x in group])
+                      if cid not in base_ids and s > 1.0][:top]
             for candidate_id, _ in ranked:
                 if run.deadline is not None and time.time() > run.deadline:
                     run.progress.event("warning", message="time budget reached: remaining candidates not confirmed")
                     return outcome
                 source = run.store.candidate(candidate_id).source
                 for shape in group:
+                    # Paired with the baseline of the shape being confirmed.
+                    baseline = baselines[shape.name]
                     speedups = executor.pair_speedups(block, baseline.source, source, shape, run.dtype, pairs)
                     if not speedups:
                         continue

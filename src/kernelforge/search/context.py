@@ -29,8 +29,9 @@ class RunContext:
 
     ``env`` is the executor's description of the environment (device, versions) and ``env_key``
     its key: results are looked up and stored under it. ``target`` is the ahead-of-time compile
-    target (None when nothing is compiled). ``baselines``: block id -> the human baseline
-    candidate. ``deadline``: the wall-clock end of the whole job (``time.time()`` seconds; None
+    target (None when nothing is compiled). ``baselines``: block id -> shape name -> the human
+    baseline candidate of that shape (:func:`kernelforge.search.plan.baseline_candidates`; shapes
+    that share a baseline point share the candidate). ``deadline``: the wall-clock end of the whole job (``time.time()`` seconds; None
     without ``[strategy] max_minutes``).
     """
 
@@ -41,7 +42,7 @@ class RunContext:
     progress: "Progress"
     env: Mapping[str, Any]
     env_key: str
-    baselines: Mapping[str, Candidate]
+    baselines: Mapping[str, Mapping[str, Candidate]]
     target: str | None = None
     deadline: float | None = None
 
@@ -52,6 +53,15 @@ class RunContext:
     @property
     def dtype(self) -> "torch.dtype":
         return DTYPES[self.job.dtype]
+
+    def baseline_ids(self, block_id: str) -> set[str]:
+        """The ids of every baseline candidate of ``block_id`` (on any shape)."""
+        return {c.id for c in self.baselines[block_id].values()}
+
+    def first_baseline(self, block_id: str) -> Candidate:
+        """The baseline candidate of the block's first shape: for single-reference uses (the LLM's
+        standings); exact when one point is the baseline of every shape."""
+        return next(iter(self.baselines[block_id].values()))
 
     @property
     def device_name(self) -> str:

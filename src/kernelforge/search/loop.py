@@ -32,8 +32,9 @@ from kernelforge.result import StoredResult, env_key
 from kernelforge.search.confirm import confirm
 from kernelforge.search.context import RunContext
 from kernelforge.search.gate import PolicyGate
+from kernelforge.search.library import measure_library_for_run  # issue 11
 from kernelforge.search.pipeline import Pipeline
-from kernelforge.search.plan import already_spent, baseline_candidate, plan_studies
+from kernelforge.search.plan import already_spent, baseline_candidates, plan_studies
 from kernelforge.search.progress import Progress
 from kernelforge.search.proposals import Proposals, View
 from kernelforge.search.proposer import Proposer
@@ -118,7 +119,8 @@ class Search:
         self.run_context = RunContext(
             job=self.job, catalog=self.catalog, store=self.store, executor=self.executor, progress=self.progress,
             env=env, env_key=env_key(env), target=target, deadline=time.time() + cap if cap else None,
-            baselines={spec.id: baseline_candidate(self.catalog, spec.id) for spec in self.job.blocks},
+            baselines={spec.id: baseline_candidates(self.catalog, spec.id, self.catalog.block(spec.id).shapes(spec.shapes))
+                       for spec in self.job.blocks},
         )
         return self.run_context
 
@@ -141,8 +143,8 @@ class Search:
                 if p.budget == 0:
                     continue
                 template = self.catalog.template(p.template_id)
-                study = Study(block, template, list(p.shapes), make_strategy_for(run, template, p.name), p.name,
-                              p.budget, scope=p.scope)
+                study = Study(block, template, list(p.shapes), make_strategy_for(run, template, p.name, p.shapes),
+                              p.name, p.budget, scope=p.scope)
                 study.spent = already_spent(self.store, self.job, self.catalog, p)
                 studies.append(study)
             if proposals is not None:
@@ -184,7 +186,9 @@ class Search:
             for s in studies:
                 for _ in range(s.spent):
                     self.progress.event("evaluated", block=s.block.id, status="resumed", speedup=None)
-            loop = _Loop(run, pipeline, reserve, proposals, pipeline.measure_baselines(), outcome)
+            baselines = pipeline.measure_baselines()
+            measure_library_for_run(run, pipeline.plans)  # issue 11: library reference lines (GPU only)
+            loop = _Loop(run, pipeline, reserve, proposals, baselines, outcome)
             loop.execute(studies, deadline)
             if not outcome.stopped:
                 outcome.winners = confirm(run)
@@ -314,6 +318,7 @@ class _Loop:
             return Candidate.from_template(study.template, point, origin="llm", parent=study.parent)
         if key in study.queued:
             return Candidate.from_template(study.template, point, origin="llm", parent=study.queued.pop(key))
-        is_base = study.template.role == "baseline" and dict(point) == dict(study.template.baseline)
-        origin = "baseline" if is_base else STRATEGIES[self.run.job.strategy.name].origin
-        return Candidate.from_template(study.template, point, origin=origin, parent=study.root)
+        candidate = Candidate.from_template(study.template, point, origin=STRATEGIES[self.run.job.strategy.name].origin,
+                                            parent=study.root)
+        # A shape's baseline point asked by the study is that baseline (same source, same id).
+        return next((c for c in self.run.baselines[study.block.id].values() if c.id == candidate.id), candidate)

@@ -16,6 +16,7 @@ from dataclasses import asdict
 from kernelforge.block import Block, Shape
 from kernelforge.candidate import Candidate
 from kernelforge.errors import UserError
+from kernelforge.execute.timing import TimingPlan
 from kernelforge.result import Evaluation, Status, StoredResult, Verification
 from kernelforge.search.context import RunContext
 from kernelforge.search.gate import PolicyGate
@@ -29,6 +30,8 @@ class Pipeline:
         self.run = run
         self.gate = gate
         self.pool = pool
+        #: block id -> the timing method of each shape, its baseline's (set by measure_baselines)
+        self.plans: dict[str, TimingPlan] = {}
 
     def stored(self, candidate: Candidate, shapes: list[Shape]) -> dict[str, StoredResult]:
         """The candidate's results already stored under this run's environment, by shape name."""
@@ -63,7 +66,7 @@ class Pipeline:
                            for s in missing]
         else:
             evaluations = self.run.executor.evaluate(block, candidate.source, missing, self.run.dtype,
-                                                     deterministic=deterministic)
+                                                     deterministic=deterministic, plan=self.plans.get(block.id))
         for ev in evaluations:
             row = self.row(candidate, ev)
             self.run.store.add_result(row)
@@ -80,26 +83,40 @@ class Pipeline:
                 self.run.store.add_result(self.row(candidate, ev))
 
     def measure_baselines(self) -> dict[str, dict[str, StoredResult]]:
-        """Measure (or find) every block's human baseline on its shapes; a failing baseline is the
-        user's to fix before any search."""
+        """Measure (or find) every block's human baselines: each distinct baseline candidate on the
+        shapes it is the baseline of. Returns block id -> shape name -> that shape's baseline
+        result. A failing baseline is the user's to fix before any search (the error names the
+        shape and the baseline's source)."""
         run = self.run
         measured = {}
         for spec in run.job.blocks:
             block = run.catalog.block(spec.id)
-            shapes = block.shapes(spec.shapes)
-            candidate = run.baselines[block.id]
             template = run.catalog.baseline(block.id)
-            results = self.measure(block, candidate, shapes, self.submit_compile(candidate), template.deterministic)
-            failed = [r for r in results.values() if not r.ok]
-            if failed:
-                raise UserError(
-                    f"the human baseline of {block.id} failed on {failed[0].shape} ({failed[0].status.value}: "
-                    f"{failed[0].message}); a search needs a working baseline: fix it first "
-                    f"(`kernelforge check {block.id}`)"
-                )
-            measured[block.id] = results
-            run.progress.event("baseline", block=block.id, candidate=candidate.id,
-                               times={k: r.median_s for k, r in results.items()})
+            shapes = block.shapes(spec.shapes)
+            by_shape = run.baselines[block.id]
+            groups: dict[str, list[Shape]] = {}
+            for shape in shapes:
+                groups.setdefault(by_shape[shape.name].id, []).append(shape)
+            measured[block.id] = {}
+            for group in groups.values():
+                candidate = by_shape[group[0].name]
+                source = "; ".join(dict.fromkeys(template.baseline_for(s).source for s in group))
+                results = self.measure(block, candidate, group, self.submit_compile(candidate),
+                                       template.deterministic)
+                failed = [results[s.name] for s in group if not results[s.name].ok]
+                if failed:
+                    raise UserError(
+                        f"the human baseline of {block.id} on shape {failed[0].shape} ({source}) failed "
+                        f"({failed[0].status.value}: {failed[0].message}); a search needs a working baseline: "
+                        f"fix it first (`kernelforge check {block.id}`)"
+                    )
+                measured[block.id].update(results)
+                run.progress.event("baseline", block=block.id, candidate=candidate.id, source=source,
+                                   params=candidate.point, shapes=[s.name for s in group],
+                                   times={k: r.median_s for k, r in results.items()})
+            # One timing method per shape: the baseline's, for every candidate measured after it.
+            self.plans[block.id] = TimingPlan.of(block.id, run.dtype, ((name, r.timing_method)
+                                                                       for name, r in measured[block.id].items()))
         return measured
 
     def _compile_failure(self, candidate: Candidate, compiled: Future | None) -> tuple[Status, str] | None:

@@ -15,6 +15,7 @@ the first templates getting one more when it does not divide evenly.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 from kernelforge.block import Shape
 from kernelforge.candidate import Candidate
@@ -106,12 +107,38 @@ def plan_studies(job: Job, catalog: Catalog) -> list[PlannedStudy]:
 
 
 def baseline_candidate(catalog: Catalog, block_id: str) -> Candidate:
-    """The human baseline of a block at its baseline point: the reference every speedup is over."""
+    """The human baseline of a block at its ``[baseline]`` point (single-point uses: render,
+    check without shapes); a search compares each shape with :func:`baseline_candidates`."""
     return Candidate.from_template(catalog.baseline(block_id), origin="baseline")
 
 
+def baseline_candidates(catalog: Catalog, block_id: str, shapes: Sequence[Shape]) -> dict[str, Candidate]:
+    """shape name -> the human baseline rendered at that shape's baseline point (origin
+    "baseline"): the reference every speedup on that shape is over. Shapes that share a point
+    share the candidate (the same source, so the same id: a resumed search finds its results)."""
+    template = catalog.baseline(block_id)
+    rendered: dict[tuple, Candidate] = {}
+    out = {}
+    for shape in shapes:
+        point = template.baseline_for(shape).point
+        key = tuple(point[name] for name in template.space.names)
+        if key not in rendered:
+            rendered[key] = Candidate.from_template(template, point, origin="baseline")
+        out[shape.name] = rendered[key]
+    return out
+
+
 def already_spent(store, job: Job, catalog: Catalog, planned: PlannedStudy) -> int:
-    """Evaluations of a planned study already in ``store`` (a resumed search spends only the rest;
-    the baseline's own measurement is free)."""
+    """Evaluations of a planned study already in ``store`` (a resumed search spends only the rest).
+
+    A baseline's own measurement is free: a baseline candidate counts only once the study measured
+    it on every shape of its group where it is not the baseline (as the search counts it)."""
     evaluated = store.evaluated(job.name, planned.block_id, planned.template_id, planned.shape_filter, job.dtype)
-    return len(evaluated - {baseline_candidate(catalog, planned.block_id).id})
+    baselines = baseline_candidates(catalog, planned.block_id, planned.shapes)
+    ids = {c.id for c in baselines.values()} & evaluated
+    free = {cid for cid in ids if all(c.id == cid for c in baselines.values())}
+    if ids - free:
+        on_every_shape = set.intersection(*(store.evaluated(job.name, planned.block_id, planned.template_id,
+                                                            shape.name, job.dtype) for shape in planned.shapes))
+        free |= (ids - free) - on_every_shape
+    return len(evaluated - free)

@@ -1,9 +1,11 @@
 """Progress of a search: a live terminal view, JSON lines for scripts, or quiet.
 
 The search reports events (``start``, ``baseline``, ``evaluated``, ``duplicate``, ``confirmed``,
-``end``); a progress object turns them into output and never influences the search. Every mode
-prints an event only after the one redactor (:mod:`kernelforge.redact`) has masked every secret in
-it: a message carrying the LLM key or a storage password is shown with ``***``.
+``end``); a progress object turns them into output and never influences the search. A
+``baseline`` event comes per distinct baseline candidate of a block, with the shapes it is the
+baseline of and its ``source`` (a ``[[baselines]]`` rule's, or ``[template] baseline_source``).
+Every mode prints an event only after the one redactor (:mod:`kernelforge.redact`) has masked
+every secret in it: a message carrying the LLM key or a storage password is shown with ``***``.
 """
 
 from __future__ import annotations
@@ -77,6 +79,9 @@ class LiveProgress(Progress):
             self.duplicates[block] += 1
         elif kind == "baseline":
             self.best.setdefault(block, 1.0)
+            if data.get("source"):
+                shapes = ", ".join(data.get("shapes", ()))
+                self.notes.append(f"{block} baseline{f' on {shapes}' if shapes else ''}: {data['source']}")
         elif kind == "confirmed":
             verdict = "winner" if data["winner"] else "within noise"
             self.notes.append(f"{block} {data['shape']}: {data['candidate']} x{data['median']:.3f} "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from kernelforge.block import Block, Shape
 from kernelforge.strategies.base import Strategy
@@ -65,10 +65,23 @@ class Study:
         return self.queue.popleft() if self.queue else self.strategy.ask()
 
 
-def make_strategy_for(run: "RunContext", template: Template, name: str) -> Strategy:
-    """The job's strategy over ``template``'s space, starting at its baseline point; a stateful
-    strategy keeps its study, called ``name``, in the job's storage."""
+def start_points(template: Template, shapes: Sequence[Shape]) -> list[dict[str, Any]]:
+    """The points a study of ``template`` over ``shapes`` asks first: the distinct baseline points
+    of its shapes in shape order (:meth:`Template.baseline_for`; a template without
+    ``[[baselines]]`` rules, or no shapes: its ``[baseline]`` point)."""
+    if not template.baseline_rules or not shapes:
+        return [dict(template.baseline)]
+    firsts: dict[tuple, dict[str, Any]] = {}
+    for shape in shapes:
+        point = dict(template.baseline_for(shape).point)
+        firsts.setdefault(tuple(point[n] for n in template.space.names), point)
+    return list(firsts.values())
+
+
+def make_strategy_for(run: "RunContext", template: Template, name: str, shapes: Sequence[Shape] = ()) -> Strategy:
+    """The job's strategy over ``template``'s space, starting at the baseline points of ``shapes``
+    (:func:`start_points`); a stateful strategy keeps its study, called ``name``, in the job's storage."""
     job = run.job
     stateful = STRATEGIES[job.strategy.name].stateful
-    return make_strategy(job.strategy.name, template.space, seed=job.seed, baseline=template.baseline,
+    return make_strategy(job.strategy.name, template.space, seed=job.seed, baseline=start_points(template, shapes),
                          storage=run.store.url if stateful else None, study_name=name)

@@ -9,8 +9,9 @@ search can keep a pool of compile workers busy.
 Contract of every :class:`Strategy` (tests/strategies/test_strategy.py runs it on each one):
 
 - :meth:`Strategy.ask` returns only points that satisfy the space's constraints, never the same
-  point twice (also not a point told as history), the baseline point first when one is given,
-  and ``None`` once it has nothing left to propose;
+  point twice (also not a point told as history), the baseline point(s) first when given (a
+  search passes the distinct per-shape baseline points of a study's shapes, in shape order), and
+  ``None`` once it has nothing left to propose;
 - :meth:`Strategy.tell` takes the objective of an asked point (``None``, NaN or infinity: it
   failed); a point told that was not asked is history (never asked, not counted); a point told
   twice keeps its first value; a point outside the space raises ValueError;
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from kernelforge.errors import UserError
 from kernelforge.space import Space
@@ -42,26 +43,33 @@ class Strategy(ABC):
     ``evaluations`` counts points returned by :meth:`ask` and then told; ``free_tells`` counts
     points a strategy settled internally without returning them (duplicates of known points,
     constraint violations): those cost no device time.
+
+    ``baseline``: one point, or a sequence of points, asked first (in order, each once, unless
+    already known); ``baselines`` holds them all, ``baseline`` the first (None without any).
     """
 
     name: str = "strategy"
 
-    def __init__(self, space: Space, *, seed: int = 0, baseline: Mapping | None = None):
+    def __init__(self, space: Space, *, seed: int = 0, baseline: Mapping | Sequence[Mapping] | None = None):
         self.space = space
         self.seed = seed
-        self.baseline: dict[str, Any] | None = None
-        if baseline is not None:
-            problems = space.problems(baseline)
+        given = [] if baseline is None else [baseline] if isinstance(baseline, Mapping) else list(baseline)
+        firsts: dict[Key, dict[str, Any]] = {}
+        for point in given:
+            problems = space.problems(point)
             if problems:
-                raise UserError(f"baseline point {dict(baseline)} is not in the space: {'; '.join(problems)}")
-            self.baseline = {name: baseline[name] for name in space.names}
+                raise UserError(f"baseline point {dict(point)} is not in the space: {'; '.join(problems)}")
+            firsts.setdefault(tuple(point[name] for name in space.names), {name: point[name] for name in space.names})
+        #: The distinct baseline points, asked first in this order.
+        self.baselines: tuple[dict[str, Any], ...] = tuple(firsts.values())
+        self.baseline: dict[str, Any] | None = self.baselines[0] if self.baselines else None
         self.evaluations = 0
         self.free_tells = 0
         #: point key -> told value (None: failed); every point that must not be asked again.
         self.known: dict[Key, float | None] = {}
         #: keys asked and not yet told.
         self.pending: set[Key] = set()
-        self._baseline_asked = self.baseline is None
+        self._baselines_left = list(self.baselines)
 
     def key(self, point: Mapping[str, Any]) -> Key:
         """The identity of a point: its values in parameter order."""
@@ -92,13 +100,13 @@ class Strategy(ABC):
     # Helpers shared by the implementations -------------------------------------------------
 
     def _ask_baseline_once(self) -> dict | None:
-        """The baseline point on the first call (unless it is already known), else None."""
-        if not self._baseline_asked:
-            self._baseline_asked = True
-            key = self.key(self.baseline)
-            if key not in self.known:
+        """The next baseline point not yet asked (each once, skipping known ones), else None."""
+        while self._baselines_left:
+            point = self._baselines_left.pop(0)
+            key = self.key(point)
+            if key not in self.known and key not in self.pending:
                 self.pending.add(key)
-                return dict(self.baseline)
+                return dict(point)
         return None
 
     def _record(self, point: Mapping, value: float | None) -> tuple[Key, float | None, bool] | None:

@@ -98,9 +98,10 @@ class OptunaStrategy(Strategy):
         self._worst: float | None = None
         self._rng = random.Random(seed)
         self._resume()
-        if self.baseline is not None and self.key(self.baseline) not in self.known:
-            # skip_if_exists: a resumed study may already hold it as a WAITING trial.
-            self.study.enqueue_trial(self._encode(self.baseline), skip_if_exists=True)
+        for first in self.baselines:
+            if self.key(first) not in self.known:
+                # skip_if_exists: a resumed study may already hold it as a WAITING trial.
+                self.study.enqueue_trial(self._encode(first), skip_if_exists=True)
 
     # Encoding between space values and Optuna parameters ------------------------------------
 
