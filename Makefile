@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 TRITON_SPEC ?= triton==3.9.0
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-all bench gpu-check clean
+.PHONY: demo test test-all bench gpu-check gpu-check-dry wheels clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +28,18 @@ test: $(BIN)/.installed
 bench: $(BIN)/.installed
 	$(BIN)/python -m pytest benchmarks -q
 
+# The mission proof on a GPU host (the GPU image's python3; docs/gpu.md). Prepare .whl/ first,
+# where pip works: make wheels.
 gpu-check:
 	bash scripts/gpu_check.sh
+
+# The same script in Triton's CPU interpreter on tiny shapes (CI runs it: .ci/run). Interpreter
+# wall time, not GPU speed.
+gpu-check-dry: $(BIN)/.installed
+	PYTHON=$(BIN)/python bash scripts/gpu_check.sh --dry
+
+wheels: $(BIN)/.installed
+	PYTHON=$(BIN)/python bash scripts/prepare_wheels.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .benchmarks

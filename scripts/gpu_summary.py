@@ -1,44 +1,157 @@
-"""Print one table of everything scripts/gpu_check.sh measured (read from its JSON files)."""
+"""Print one summary of a scripts/gpu_check.sh run from the files it wrote into FOLDER.
+
+    python scripts/gpu_summary.py FOLDER [--mode gpu|dry]
+
+Two tables: the human baselines checked at the proof's presets (check/*.json, from
+`kernelforge check --json`) and the searches (*/results.json, from `kernelforge report`): baseline
+and best time, the speedup with its confirmation-pair spread, percent of the measured roofline and
+energy per call. Exits 1 when a baseline check did not pass or no search result was found.
+
+A dry run (`--mode dry`, or any result timed in the interpreter) is labelled as interpreter wall
+time on the CPU on every line that shows a time: it says nothing about GPU speed.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from kernelforge.devices.hardware import ceilings_for  # noqa: E402
 from kernelforge.result import format_seconds  # noqa: E402
 
+DRY_BANNER = ("DRY RUN in the Triton interpreter on the CPU: every time below is interpreter wall time, "
+              "not GPU speed; no percent of roofline or energy applies")
 
-def main(folder: str) -> int:
-    rows = []
+
+def seconds(value: float | None) -> str:
+    return format_seconds(value) if value else "-"
+
+
+def joules(value: float | None) -> str:
+    return f"{value:.3g} J" if value else "-"
+
+
+def percent(value: float | None) -> str:
+    return f"{value:.0f}%" if value is not None else "-"
+
+
+def check_rows(folder: Path) -> tuple[list[dict[str, Any]], str]:
+    """The results of every check/*.json, and the device name they report."""
+    rows: list[dict[str, Any]] = []
     device = "?"
-    for path in sorted(Path(folder).glob("*.json")):
-        data = json.loads(path.read_text())
+    for path in sorted((folder / "check").glob("*.json"), key=lambda p: (len(p.stem), p.stem)):
+        data = json.loads(path.read_text(encoding="utf-8"))
         device = data["environment"].get("device_name", device)
         rows.extend(data["results"])
+    return rows, device
+
+
+def search_reports(folder: Path) -> list[dict[str, Any]]:
+    """Every */results.json of the run's jobs (one folder per job)."""
+    return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*/results.json"))]
+
+
+def print_checks(rows: list[dict[str, Any]], device: str, interpreted: bool) -> int:
+    """Print the baseline table; return the number of results that did not pass. Rates over
+    interpreter time are left out: they are no hardware's rates."""
     ceilings = ceilings_for(device)
-    print(f"\n== kernelforge GPU check on {device} ==")
-    print(f"{'block':28} {'shape':34} {'dtype':9} {'status':8} {'median':>11} {'TFLOP/s':>8} {'TB/s':>6} {'%roof':>6} bound")
+    print(f"\n-- human baselines at the proof's presets ({device}) --")
+    print(f"{'block':26} {'shape':30} {'status':8} {'median':>11} {'TFLOP/s':>8} {'TB/s':>6} {'%roof':>6} "
+          f"{'energy/call':>11} timing")
     bad = 0
     for r in rows:
-        t = r.get("timing")
-        median = t["median_s"] if t else None
-        tflops = r["flops"] / median / 1e12 if median else None
-        tbs = r["bytes"] / median / 1e12 if median else None
-        roof = bound = ""
+        t = r.get("timing") or {}
+        median = t.get("median_s")
+        rated = median and not interpreted
+        tflops = f"{r['flops'] / median / 1e12:.1f}" if rated else "-"
+        tbs = f"{r['bytes'] / median / 1e12:.2f}" if rated else "-"
+        roof = None
         if median and ceilings:
-            roof = f"{100 * ceilings.roofline_seconds(r['flops'], r['bytes']) / median:.0f}"
-            bound = ceilings.bound(r["flops"], r["bytes"])
+            roof = 100 * ceilings.roofline_seconds(r["flops"], r["bytes"]) / median
         bad += r["status"] != "ok"
-        print(f"{r['block']:28} {r['shape'][:34]:34} {r['dtype']:9} {r['status']:8} "
-              f"{format_seconds(median) if median else '-':>11} {f'{tflops:.1f}' if tflops else '-':>8} "
-              f"{f'{tbs:.2f}' if tbs else '-':>6} {roof:>6} {bound}")
-    print(f"{len(rows)} results, {bad} not ok")
-    return 1 if bad else 0
+        print(f"{r['block']:26} {r['shape'][:30]:30} {r['status']:8} {seconds(median):>11} {tflops:>8} {tbs:>6} "
+              f"{percent(roof):>6} {joules(t.get('joules_per_call')):>11} {t.get('label', '-')}")
+    return bad
+
+
+def verdict(shape: dict[str, Any]) -> str:
+    """"win" when the confirmation pairs' 20th percentile is above 1 (the search's winner rule),
+    "no win" when pairs ran but it is not, "-" when nothing was confirmed."""
+    if not shape.get("confirmed"):
+        return "-"
+    won = shape["significant"] if "significant" in shape else (shape.get("speedup_p20") or 0) > 1
+    return "win" if won else "no win"
+
+
+def print_searches(reports: list[dict[str, Any]]) -> int:
+    """Print the search table; return the number of shapes with a timed baseline."""
+    print("\n-- searches (speedup over the per-shape human baseline; p20-p80 of the confirmation pairs; "
+          "vs lib: the library reference's time over the best) --")
+    print(f"{'job':22} {'block':26} {'shape':28} {'baseline':>10} {'best':>10} {'speedup':>8} {'p20-p80':>11} "
+          f"{'verdict':9} {'vs lib':>7} {'%roof b->w':>11} {'J/call b->w':>17} evals")
+    found = 0
+    sources: dict[str, str] = {}
+    for rep in reports:
+        for block in rep["blocks"]:
+            evals = block.get("candidates", "-")
+            library = {line["shape"]: line for line in block.get("library") or []}
+            for s in block["shapes"]:
+                if s.get("baseline_source"):
+                    sources.setdefault(f"{block['block']} {s['shape']}", s["baseline_source"])
+                lib = library.get(s["shape"])
+                vs_lib = f"{lib['median_s'] / s['best_s']:.2f}x" if lib and s.get("best_s") else "-"
+                found += bool(s.get("baseline_s"))  # a shape listed without any timing is no result
+                roof = s.get("roofline") or {}
+                base_pct = (roof.get("baseline") or {}).get("percent")
+                best_pct = (roof.get("winner") or {}).get("percent")
+                spread = (f"{s['speedup_p20']:.2f}-{s['speedup_p80']:.2f}"
+                          if s.get("speedup_p20") and s.get("speedup_p80") else "-")
+                speedup = f"{s['speedup']:.2f}x" if s.get("speedup") else "-"
+                energy = f"{joules(s.get('baseline_j'))}->{joules(s.get('best_j'))}"
+                print(f"{rep['job'][:22]:22} {block['block']:26} {s['shape'][:28]:28} {seconds(s.get('baseline_s')):>10} "
+                      f"{seconds(s.get('best_s')):>10} {speedup:>8} {spread:>11} "
+                      f"{verdict(s):9} {vs_lib:>7} {percent(base_pct) + '->' + percent(best_pct):>11} "
+                      f"{energy:>17} {evals}")
+                if lib:
+                    print(f"{'':22} {'  library: ' + lib.get('implementation', '?'):26} {'':28} "
+                          f"{seconds(lib['median_s']):>10}")
+    if sources:
+        print("\nbaseline sources:")
+        for where, source in sources.items():
+            print(f"  {where}: {source}")
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Summarise a scripts/gpu_check.sh run.")
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--mode", choices=("gpu", "dry"), default="gpu")
+    args = parser.parse_args(argv)
+    rows, device = check_rows(args.folder)
+    reports = search_reports(args.folder)
+    interpreted = args.mode == "dry" or any(
+        (r.get("timing") or {}).get("method") == "interpreter-wall" for r in rows) or any(
+        env.get("device") == "interpret" for rep in reports for env in rep.get("environments", {}).values())
+    title = "DRY RUN (interpreter)" if interpreted else "GPU proof"
+    print(f"== kernelforge {title} on {device}: {args.folder} ==")
+    if interpreted:
+        print(DRY_BANNER)
+    bad = print_checks(rows, device, interpreted)
+    found = print_searches(reports)
+    if interpreted:
+        print(f"\n{DRY_BANNER}")
+    print(f"\n{len(rows)} baseline checks, {bad} not ok; {found} searched shapes in {len(reports)} jobs")
+    if not rows:
+        print("no baseline check result was found (check/*.json)")
+    if not found:
+        print("no search result was found (*/results.json)")
+    return 1 if bad or not rows or not found else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main())
