@@ -268,6 +268,7 @@ def test_templates_lists_the_rules_and_sources_and_new_drops_them(tmp_path):
     fixtures = Path(__file__).resolve().parent / "fixtures" / "kernels"
     kernels = tmp_path / "kernels"
     shutil.copytree(fixtures / "toy" / "axpy_rules", kernels / "toy" / "axpy_rules")
+    shutil.copytree(fixtures / "toy" / "axpy", kernels / "toy" / "axpy")  # axpy_rules' block subclasses it
 
     def invoke(*args):
         return CliRunner().invoke(main, ["--kernels", str(kernels), *args], catch_exceptions=False)

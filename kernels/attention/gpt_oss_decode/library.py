@@ -21,54 +21,42 @@ code appends ``BACKEND = "..."`` to this source, so the stored source is exactly
   key column with a zero value row (the cache is copied once per call to append it: a fallback
   when FlexAttention is unavailable, not a fast path).
 
-The sink is exact in every backend: with the natural log-sum-exp ``L`` of a row's scores,
-``o_with_sink = o * sigmoid(L - S)``; in SDPA the sink is a real column of the softmax. Nothing
-here is copied from FlashAttention, vLLM or PyTorch's examples.
+The sink is exact in every backend (how: :mod:`kernelforge.library_attention`, the helpers this
+module shares with the prefill block's reference; what is here is this block's own: the key
+ranges from ``lengths``, the mask built from them and the decode layouts). Nothing here is copied
+from FlashAttention, vLLM or PyTorch's examples.
 """
 
 from __future__ import annotations
 
-import inspect
-
 import torch
+
+from kernelforge.library_attention import (DEFAULT_COMPILE_BACKEND, FLEX_EAGER_LABEL, FLEX_TILE, choose_backend,
+                                           compile_once, flex_with_sink, from_kv_blocks_options, with_sink_column)
 
 #: Pinned backend (None: :func:`backend` chooses from the device).
 BACKEND: str | None = None
 
+#: What each backend is, as the report names it.
 LABELS = {
     "flex": "FlexAttention (torch.compile decoding, block-sparse mask from lengths, sink via log-sum-exp)",
-    "flex-eager": "FlexAttention (eager dense math, verification only)",
+    "flex-eager": FLEX_EAGER_LABEL,
     "sdpa": "torch SDPA (explicit fp32 mask, sink as an extra key column with a zero value row; cache copied)",
 }
 
-#: FlexAttention's sparse tile (its default).
-TILE = 128
+#: FlexAttention's sparse tile.
+TILE = FLEX_TILE
 
 #: torch.compile's backend for ``flex`` (tests trace the same graph with "aot_eager" on a CPU).
-COMPILE_BACKEND = "inductor"
+COMPILE_BACKEND = DEFAULT_COMPILE_BACKEND
 
 _COMPILED: dict[str, object] = {}
-
-
-def flex_available() -> bool:
-    """Whether this torch has FlexAttention."""
-    try:
-        from torch.nn.attention import flex_attention  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def backend(device: str | torch.device) -> str:
     """The backend :func:`run` uses on ``device``: :data:`BACKEND` when pinned, else ``flex`` on
     CUDA when FlexAttention exists, else ``sdpa``."""
-    if BACKEND is not None:
-        if BACKEND not in LABELS:
-            raise ValueError(f"unknown library backend {BACKEND!r}; choose from {', '.join(LABELS)}")
-        return BACKEND
-    if torch.device(device).type == "cuda" and flex_available():
-        return "flex"
-    return "sdpa"
+    return choose_backend(device, BACKEND, LABELS)
 
 
 def implementation(device: str | torch.device) -> str:
@@ -99,44 +87,18 @@ def block_mask(lengths: torch.Tensor, s_max: int, window: int):
     def mask_mod(b, h, q_idx, kv_idx):
         return (kv_idx >= lo[b]) & (kv_idx < hi[b])
 
-    extra = {}
-    params = inspect.signature(BlockMask.from_kv_blocks).parameters
-    if "seq_lengths" in params:
-        extra["seq_lengths"] = (1, s_max)
-    if "compute_q_blocks" in params:
-        extra["compute_q_blocks"] = False  # forward only
-    return BlockMask.from_kv_blocks(count, idx, BLOCK_SIZE=TILE, mask_mod=mask_mod, **extra)
-
-
-def flex_with_lse(q, k, v, mask, scale):
-    """FlexAttention's output and natural log-sum-exp (whichever API this torch has)."""
-    from torch.nn.attention import flex_attention as fa
-
-    if hasattr(fa, "AuxRequest"):
-        o, aux = fa.flex_attention(q, k, v, block_mask=mask, scale=scale, enable_gqa=True,
-                                   return_aux=fa.AuxRequest(lse=True))
-        return o, aux.lse
-    return fa.flex_attention(q, k, v, block_mask=mask, scale=scale, enable_gqa=True, return_lse=True)
+    return BlockMask.from_kv_blocks(count, idx, BLOCK_SIZE=TILE, mask_mod=mask_mod,
+                                    **from_kv_blocks_options((1, s_max)))
 
 
 def _flex_sink(q, k, v, sinks, mask, scale, out):
     # q [B, H_Q, 1, D], k and v [B, H_KV, S_MAX, D] views; out [B, H_Q, D]. Written here so the
     # compiled graph fuses the sink factor with the store.
-    o, lse = flex_with_lse(q, k, v, mask, scale)
-    factor = torch.sigmoid(lse - sinks.view(1, -1, 1)).unsqueeze(-1)
-    out.copy_((o.float() * factor).squeeze(2))
+    out.copy_(flex_with_sink(q, k, v, sinks, mask, scale).squeeze(2))
 
 
 def _compiled():
-    if "flex" not in _COMPILED:
-        import torch._dynamo.config as dynamo_config
-
-        # One graph per shape; the default limit of 8 would fall back to eager dense math.
-        for name in ("recompile_limit", "cache_size_limit"):
-            if hasattr(dynamo_config, name):
-                setattr(dynamo_config, name, max(getattr(dynamo_config, name), 256))
-        _COMPILED["flex"] = torch.compile(_flex_sink, dynamic=False, backend=COMPILE_BACKEND)
-    return _COMPILED["flex"]
+    return compile_once(_COMPILED, _flex_sink, COMPILE_BACKEND)
 
 
 def run_flex(q, k_cache, v_cache, lengths, sinks, sm_scale, window, out, *, compiled: bool = True):
@@ -154,9 +116,7 @@ def run_sdpa(q, k_cache, v_cache, lengths, sinks, sm_scale, window, out):
     B, H_Q, D = q.shape
     S_MAX, H_KV = k_cache.shape[1], k_cache.shape[2]
     G = H_Q // H_KV
-    zero = torch.zeros((B, H_KV, 1, D), dtype=k_cache.dtype, device=q.device)
-    kt = torch.cat([k_cache.transpose(1, 2), zero], dim=2)
-    vt = torch.cat([v_cache.transpose(1, 2), zero], dim=2)
+    kt, vt = with_sink_column(k_cache, v_cache)
     lo, hi = key_range(lengths, int(window))
     keys = torch.arange(S_MAX, device=q.device).view(1, S_MAX)
     bias = torch.zeros((B, S_MAX), dtype=torch.float32, device=q.device)

@@ -19,17 +19,18 @@ code appends ``BACKEND = "..."`` to this source, so the stored source is exactly
   the sink as one extra key column whose score is the sink and whose value row is zero (chunked
   over query rows to bound the mask). The fallback when FlexAttention is unavailable.
 
-The sink (a per-head logit in the softmax denominator with no value) is exact in every backend:
-FlexAttention returns the natural log-sum-exp ``L`` of the scores of each row, and
-``o_with_sink = o * Z / (Z + exp(S)) = o * sigmoid(L - S)``; SDPA sees the sink as a real column
-of the softmax. Nothing here is copied from FlashAttention, vLLM or PyTorch's examples.
+The sink is exact in every backend (how: :mod:`kernelforge.library_attention`, the helpers this
+module shares with the decode block's reference; what is here is this block's own: the causal band
+and window mask, its tiles and the prefill layouts). Nothing here is copied from FlashAttention,
+vLLM or PyTorch's examples.
 """
 
 from __future__ import annotations
 
-import inspect
-
 import torch
+
+from kernelforge.library_attention import (DEFAULT_COMPILE_BACKEND, FLEX_EAGER_LABEL, FLEX_TILE, choose_backend,
+                                           compile_once, flex_with_sink, from_kv_blocks_options, with_sink_column)
 
 #: Pinned backend (None: :func:`backend` chooses from the device).
 BACKEND: str | None = None
@@ -37,42 +38,27 @@ BACKEND: str | None = None
 #: What each backend is, as the report names it.
 LABELS = {
     "flex": "FlexAttention (torch.compile, block-sparse causal/window mask, sink via log-sum-exp)",
-    "flex-eager": "FlexAttention (eager dense math, verification only)",
+    "flex-eager": FLEX_EAGER_LABEL,
     "sdpa": "torch SDPA (explicit fp32 mask, sink as an extra key column with a zero value row)",
 }
 
-#: FlexAttention's sparse tile (its default): the block mask is given in tiles of this size.
-TILE = 128
+#: FlexAttention's sparse tile: the block mask is given in tiles of this size.
+TILE = FLEX_TILE
 
 #: Elements of one fp32 mask chunk of the SDPA backend.
 SDPA_MASK_ELEMENTS = 1 << 26
 
 _MASKS: dict[tuple, object] = {}
 #: torch.compile's backend for ``flex`` (tests trace the same graph with "aot_eager" on a CPU).
-COMPILE_BACKEND = "inductor"
+COMPILE_BACKEND = DEFAULT_COMPILE_BACKEND
 
 _COMPILED: dict[str, object] = {}
-
-
-def flex_available() -> bool:
-    """Whether this torch has FlexAttention."""
-    try:
-        from torch.nn.attention import flex_attention  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def backend(device: str | torch.device) -> str:
     """The backend :func:`run` uses on ``device``: :data:`BACKEND` when pinned, else ``flex`` on
     CUDA when FlexAttention exists, else ``sdpa``."""
-    if BACKEND is not None:
-        if BACKEND not in LABELS:
-            raise ValueError(f"unknown library backend {BACKEND!r}; choose from {', '.join(LABELS)}")
-        return BACKEND
-    if torch.device(device).type == "cuda" and flex_available():
-        return "flex"
-    return "sdpa"
+    return choose_backend(device, BACKEND, LABELS)
 
 
 def implementation(device: str | torch.device) -> str:
@@ -135,47 +121,19 @@ def block_mask(s_q: int, s_kv: int, window: int, device: torch.device):
         partial, full = band_tiles(s_q, s_kv, window)
         kv_num, kv_idx = _indices(partial, device)
         full_num, full_idx = _indices(full, device)
-        extra = {}
-        params = inspect.signature(BlockMask.from_kv_blocks).parameters
-        if "seq_lengths" in params:
-            extra["seq_lengths"] = (s_q, s_kv)
-        if "compute_q_blocks" in params:
-            extra["compute_q_blocks"] = False  # forward only
         _MASKS[key] = BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=TILE,
-                                               mask_mod=mask_mod, **extra)
+                                               mask_mod=mask_mod, **from_kv_blocks_options((s_q, s_kv)))
     return _MASKS[key]
-
-
-def flex_with_lse(q, k, v, mask, scale):
-    """FlexAttention's output and natural log-sum-exp (whichever API this torch has)."""
-    from torch.nn.attention import flex_attention as fa
-
-    if hasattr(fa, "AuxRequest"):
-        o, aux = fa.flex_attention(q, k, v, block_mask=mask, scale=scale, enable_gqa=True,
-                                   return_aux=fa.AuxRequest(lse=True))
-        return o, aux.lse
-    return fa.flex_attention(q, k, v, block_mask=mask, scale=scale, enable_gqa=True, return_lse=True)
 
 
 def _flex_sink(q, k, v, sinks, mask, scale, out):
     # q, k, v [B, H, S, D] views; out [B, S_Q, H_Q, D]. Written into ``out`` here so the compiled
     # graph fuses the sink factor with the store (no extra pass over the output).
-    o, lse = flex_with_lse(q, k, v, mask, scale)
-    factor = torch.sigmoid(lse - sinks.view(1, -1, 1)).unsqueeze(-1)
-    out.copy_((o.float() * factor).transpose(1, 2))
+    out.copy_(flex_with_sink(q, k, v, sinks, mask, scale).transpose(1, 2))
 
 
 def _compiled():
-    if "flex" not in _COMPILED:
-        import torch._dynamo.config as dynamo_config
-
-        # One graph per shape (dynamic=False: static sizes give the fastest kernels); the default
-        # limit of 8 would silently fall back to eager dense math after eight shapes.
-        for name in ("recompile_limit", "cache_size_limit"):
-            if hasattr(dynamo_config, name):
-                setattr(dynamo_config, name, max(getattr(dynamo_config, name), 256))
-        _COMPILED["flex"] = torch.compile(_flex_sink, dynamic=False, backend=COMPILE_BACKEND)
-    return _COMPILED["flex"]
+    return compile_once(_COMPILED, _flex_sink, COMPILE_BACKEND)
 
 
 def run_flex(q, k, v, sinks, sm_scale, window, out, *, compiled: bool = True):
@@ -191,12 +149,9 @@ def run_sdpa(q, k, v, sinks, sm_scale, window, out):
     sink, so the softmax denominator gains exp(sink) exactly; chunked over query rows."""
     import torch.nn.functional as F
 
-    B, S_Q, H_Q, D = q.shape
-    S_KV, H_KV = k.shape[1], k.shape[2]
+    S_Q, H_Q, S_KV = q.shape[1], q.shape[2], k.shape[1]
     offset = S_KV - S_Q
-    zero = torch.zeros((B, H_KV, 1, D), dtype=k.dtype, device=k.device)
-    kt = torch.cat([k.transpose(1, 2), zero], dim=2)
-    vt = torch.cat([v.transpose(1, 2), zero], dim=2)
+    kt, vt = with_sink_column(k, v)
     qt = q.transpose(1, 2)
     rows = max(1, SDPA_MASK_ELEMENTS // (H_Q * (S_KV + 1)))
     keys = torch.arange(S_KV, device=q.device)
