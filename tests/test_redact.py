@@ -22,6 +22,7 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from kernelforge.errors import UserError
+from kernelforge.store.records import Confirmation
 from kernelforge.redact import (MASK, Redactor, RedactingStream, redact, redact_url, register,
                                 register_environment, register_url)
 
@@ -152,9 +153,9 @@ def test_no_row_the_store_writes_holds_a_registered_secret(tmp_path):
         env_key="e", status=Status.RUNTIME_ERROR, rel_error=None, median_s=None, p20_s=None, p80_s=None, samples=None,
         timing_method=None, timing_label=f"timer {key}", joules=None, flops=None, bytes=None,
         message=f"ValueError: {key}", env={"note": key}, job="j", created=time.time()))
-    store.add_confirmation({"job": "j", "block": "toy/axpy", "shape": "n1000", "dtype": "float16",
-                            "candidate_id": candidate.id, "baseline_id": candidate.id, "env_key": "e",
-                            "speedups": [1.0], "median": 1.0, "p20": 1.0, "p80": 1.0})
+    store.add_confirmation(Confirmation(job="j", block="toy/axpy", shape="n1000", dtype="float16",
+                                        candidate_id=candidate.id, baseline_id=candidate.id, env_key="e",
+                                        speedups=(1.0,), median=1.0, p20=1.0, p80=1.0))
     store.add_template("toy/axpy/llm-1", "toy/axpy", f"# {key}\n", job="j")
     [row_id] = store.add_llm_calls([{
         "job": "j", "run": 1, "seq": 1, "attempt": 0, "final": True, "block": "toy/axpy", "purpose": "new",

@@ -173,4 +173,4 @@ def test_confirmation_pairs_each_shape_with_its_own_baseline(tmp_path):
     assert sorted(executor.pairs) == sorted((name, baselines[name].id, fast.id) for name in POINTS)
     rows = store.confirmations(job.name)
     assert {(r.shape, r.baseline_id) for r in rows} == {(name, baselines[name].id) for name in POINTS}
-    assert len(winners[BLOCK]) == 3 and all(w["winner"] for w in winners[BLOCK])
+    assert len(winners[BLOCK]) == 3 and all(w.winner for w in winners[BLOCK])

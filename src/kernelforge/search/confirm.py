@@ -11,11 +11,11 @@ is a winner on a shape only when the 20th percentile of its pair speedups is abo
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from kernelforge.devices.base import quantiles
 from kernelforge.objective import baseline_results, by_candidate, rank
 from kernelforge.search.context import RunContext
+from kernelforge.store.records import Confirmation
 
 #: How many of the best candidates per block are re-timed against the baseline, by executor kind
 #: (interpreter pairs only exercise the mechanism, so one is enough there).
@@ -24,11 +24,11 @@ CONFIRM_TOP = {"cuda": 3, "interpret": 1}
 PAIRS = {"cuda": 7, "interpret": 2}
 
 
-def confirm(run: RunContext, top: int | None = None) -> dict[str, list[dict[str, Any]]]:
+def confirm(run: RunContext, top: int | None = None) -> dict[str, list[Confirmation]]:
     """Re-time the ``top`` best candidates of each block and store the pair speedups."""
     executor = run.executor
     top = CONFIRM_TOP.get(executor.kind, CONFIRM_TOP["cuda"]) if top is None else top
-    outcome: dict[str, list[dict[str, Any]]] = {}
+    outcome: dict[str, list[Confirmation]] = {}
     if not executor.runs_code:
         return outcome  # nothing to re-time (a replay: the recording is all there is)
     pairs = PAIRS.get(executor.kind, PAIRS["cuda"])
@@ -55,12 +55,11 @@ def confirm(run: RunContext, top: int | None = None) -> dict[str, list[dict[str,
                     if not speedups:
                         continue
                     median, p20, p80 = quantiles(speedups)
-                    row = {"job": run.job.name, "block": block.id, "shape": shape.name,
-                           "dtype": run.dtype_name, "candidate_id": candidate_id, "baseline_id": baseline.id,
-                           "env_key": run.env_key, "speedups": speedups, "median": median, "p20": p20, "p80": p80}
-                    run.store.add_confirmation(row)
-                    winner = p20 > 1.0
-                    outcome.setdefault(block.id, []).append({**row, "winner": winner})
+                    done = Confirmation(job=run.job.name, block=block.id, shape=shape.name, dtype=run.dtype_name,
+                                        candidate_id=candidate_id, baseline_id=baseline.id, env_key=run.env_key,
+                                        speedups=tuple(speedups), median=median, p20=p20, p80=p80)
+                    run.store.add_confirmation(done)
+                    outcome.setdefault(block.id, []).append(done)
                     run.progress.event("confirmed", block=block.id, shape=shape.name, candidate=candidate_id,
-                                       median=median, p20=p20, p80=p80, winner=winner)
+                                       median=median, p20=p20, p80=p80, winner=done.winner)
     return outcome

@@ -32,7 +32,7 @@ from kernelforge.result import StoredResult, env_key
 from kernelforge.search.confirm import confirm
 from kernelforge.search.context import RunContext
 from kernelforge.search.gate import PolicyGate
-from kernelforge.search.library import measure_library_for_run  # issue 11
+from kernelforge.search.library import measure_library_for_run
 from kernelforge.search.pipeline import Pipeline
 from kernelforge.search.plan import already_spent, baseline_candidates, plan_studies
 from kernelforge.search.progress import Progress
@@ -40,6 +40,7 @@ from kernelforge.search.proposals import Proposals, View
 from kernelforge.search.proposer import Proposer
 from kernelforge.search.reserve import Reserve
 from kernelforge.search.study import Study, make_strategy_for
+from kernelforge.store.records import Confirmation
 from kernelforge.store.store import Store
 from kernelforge.strategies.names import STRATEGIES
 
@@ -63,7 +64,7 @@ class SearchOutcome:
     duplicates: int = 0
     stopped: bool = False
     reason: str = ""
-    winners: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    winners: dict[str, list[Confirmation]] = field(default_factory=dict)
     llm: dict[str, Any] = field(default_factory=dict)  # the proposer's summary, when one ran
 
 

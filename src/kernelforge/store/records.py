@@ -46,6 +46,30 @@ class StoredCompile:
 
 
 @dataclass(frozen=True)
+class Confirmation:
+    """One interleaved re-timing of a candidate against the baseline of one shape, as the confirm
+    step measures it (what :meth:`kernelforge.store.store.Store.add_confirmation` stores):
+    ``speedups`` holds baseline time / candidate time per pair; median, p20 and p80 summarise them."""
+
+    job: str
+    block: str
+    shape: str
+    dtype: str
+    candidate_id: str
+    baseline_id: str
+    env_key: str
+    speedups: tuple[float, ...]
+    median: float
+    p20: float
+    p80: float
+
+    @property
+    def winner(self) -> bool:
+        """Faster than the baseline in at least 80% of the pairs."""
+        return self.p20 > 1.0
+
+
+@dataclass(frozen=True)
 class StoredConfirmation:
     """One interleaved re-timing of a candidate against the baseline on one shape: ``speedups``
     holds baseline time / candidate time per pair; median, p20 and p80 summarise them."""

@@ -21,6 +21,7 @@ refused untouched), :mod:`~kernelforge.store.engine` (SQLite settings, write fai
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from typing import Any, Iterable
@@ -34,7 +35,7 @@ from kernelforge.result import StoredResult
 from kernelforge.store import llm_log, lock
 from kernelforge.store.engine import enable_sqlite_pragmas, make_engine
 from kernelforge.store.lock import JobLock
-from kernelforge.store.records import (LLMCall, LLMUsage, LockHolder, StoreCounts, StoredCandidate, StoredCompile,
+from kernelforge.store.records import (Confirmation, LLMCall, LLMUsage, LockHolder, StoreCounts, StoredCandidate, StoredCompile,
                                        StoredConfirmation, StoredTemplate, candidate_record, compile_record,
                                        confirmation_record, result_record)
 from kernelforge.store.schema import (add_missing_tables, candidates_table, compiles_table, confirmations_table,
@@ -187,10 +188,10 @@ class Store:
 
     # -- confirmations -------------------------------------------------------------------------
 
-    def add_confirmation(self, row: dict[str, Any]) -> None:
-        """Store one interleaved re-timing of a candidate against the baseline on one shape
-        (``row``: the kf_confirmations columns but id and created; ``speedups`` a list)."""
-        row = {**row, "speedups": json.dumps(list(row["speedups"])), "created": time.time()}
+    def add_confirmation(self, confirmation: Confirmation) -> None:
+        """Store one interleaved re-timing of a candidate against the baseline on one shape."""
+        row = {**dataclasses.asdict(confirmation), "speedups": json.dumps(list(confirmation.speedups)),
+               "created": time.time()}
         with self.engine.begin() as conn:
             conn.execute(confirmations_table.insert(), redact_data(row))
 
