@@ -12,7 +12,7 @@ the same pointers, fingerprints, the fp32 reference and the block's tolerance) a
 times it with the same device timing (the shape's :class:`~kernelforge.execute.timing.TimingPlan`
 method when given). It runs in this process through :class:`TrustedRunner`: the candidate-only
 checks (a Triton launch, no torch compute on the host, harness tampering) would reject a library
-by design. On the interpreter it only verifies: a CPU timing of SDPA against Triton-interpreter
+by design (:mod:`kernelforge.execute.trusted_runner`). On the interpreter it only verifies: a CPU timing of SDPA against Triton-interpreter
 timings would be meaningless, so nothing is stored and no ratio can be reported.
 
 What is stored: one candidate per backend that ran, origin ``library``, whose source is the
@@ -33,9 +33,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from kernelforge.block import DTYPES, Block, Shape
 from kernelforge.candidate import Candidate, load_module
 from kernelforge.execute.evaluate import evaluate
-from kernelforge.execute.fingerprint import poison_free_memory
-from kernelforge.execute.guard import CallReport, raised
-from kernelforge.execute.runner import LocalRunner
+from kernelforge.execute.trusted_runner import TrustedRunner
 from kernelforge.library import LIBRARY_FILE, ORIGIN, library_key
 from kernelforge.result import Evaluation, StoredResult
 
@@ -87,34 +85,6 @@ def find_library(catalog: "Catalog", block_id: str) -> LibraryReference | None:
     if not path.is_file():
         return None
     return LibraryReference(block_id, path, path.read_text(encoding="utf-8"))
-
-
-class TrustedRunner(LocalRunner):
-    """A :class:`~kernelforge.execute.runner.LocalRunner` for trusted library code: a call is
-    the plain call (its exception is its ``runtime_error``), without the candidate-only checks of
-    :func:`~kernelforge.execute.guard.run_call` (a library launches no Triton kernel of ours and
-    computes with torch by design), and harness tampering is not watched (torch.compile may
-    install hooks; the code is ours). Every verdict is still the judge's, from the bytes written."""
-
-    def __init__(self, device: "Device"):
-        super().__init__(device)
-        self.trusted: dict[int, Any] = {}  # handle -> the library's run
-
-    def adopt(self, run: Any) -> int:
-        handle = super().adopt(run)
-        self.trusted[handle] = run
-        return handle
-
-    def call(self, handle: int, args: Mapping[str, Any], watched: Sequence[str]) -> CallReport:
-        poison_free_memory(self.torch_device, [args[n].numel() * args[n].element_size() for n in watched])
-        try:
-            self.trusted[handle](**args)
-        except Exception as exc:  # a failure of the library is its verdict, not a crash of the search
-            return CallReport.of(raised(exc))
-        return CallReport()
-
-    def tampering(self) -> list[str]:
-        return []
 
 
 @dataclass(frozen=True)
@@ -231,5 +201,5 @@ def _row(candidate: Candidate, ev: Evaluation, dtype_name: str, env: Mapping[str
 
 
 __all__ = ["FALLBACK_BACKEND", "LibraryMeasurement", "LibraryReference",
-           "TrustedRunner", "find_library", "measure_library",
+           "find_library", "measure_library",
            "measure_library_for_run", "times_on"]
