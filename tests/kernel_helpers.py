@@ -27,3 +27,12 @@ def run_once(module, block, shape, dtype: torch.dtype, distribution: str = "norm
     out = block.make_output(shape, dtype, "cpu").fill_(float("nan"))
     module.run(**inputs, out=out)
     return out, ref
+
+
+def check_dtype(block) -> torch.dtype:
+    """The dtype generic tests verify a block in: float16 where the block is searched in it (the
+    interpreter's fastest exact path), else the block's first dtype (a quantised-weight block is
+    served with bf16 activations only)."""
+    from kernelforge.block import DTYPES
+
+    return torch.float16 if "float16" in block.dtypes else DTYPES[block.dtypes[0]]

@@ -19,6 +19,7 @@ from kernelforge.catalog import Catalog
 from kernelforge.execute.evaluate import load_candidate
 from kernelforge.result import Status
 from kernelforge.execute.verify import verify
+from kernel_helpers import check_dtype
 
 KERNELS = Path(__file__).resolve().parents[2] / "kernels"
 CATALOG = Catalog.discover(KERNELS)
@@ -50,8 +51,11 @@ def test_block_contract(block_id):
     assert {"smoke", "check"} <= set(sets), "every block needs smoke and check shape sets"
     presets = [name for name in sets if name not in ("smoke", "check")]
     assert presets, "every block needs real presets"
-    names = [s.name for shapes in sets.values() for s in shapes]
-    assert len(names) == len(set(names)), "shape names must be unique within a block"
+    # A name names one shape: a shape may sit in several sets (a model's set and a profile's), but
+    # two different shapes never share a name.
+    by_name: dict[str, Shape] = {}
+    for shape in (s for shapes in sets.values() for s in shapes):
+        assert by_name.setdefault(shape.name, shape) == shape, f"two different shapes are named {shape.name}"
     assert isinstance(block.compile_shape(), Shape)
     for dtype_name in block.dtypes:
         for shape in sets["smoke"]:
@@ -129,7 +133,7 @@ def test_template_verifies_at_the_corners_of_its_space(template_id, point):
     block = CATALOG.block(template.block_id)
     module, failure = load_candidate(Candidate.from_template(template, point).source, template_id)
     assert failure is None, failure.message
-    results = verify(block, module.run, block.shapes("smoke"), torch.float16, "cpu",
+    results = verify(block, module.run, block.shapes("smoke"), check_dtype(block), "cpu",
                      deterministic=template.deterministic, stop_at_first_failure=False)
     failed = [f"{s.name}: {v.status.value} {v.message}" for s, v in results if v.status is not Status.OK]
     assert not failed, (point, failed)

@@ -17,6 +17,7 @@ from kernelforge.execute.evaluate import load_candidate
 from kernelforge.result import Status
 from kernelforge.template import Template
 from kernelforge.execute.verify import verify
+from kernel_helpers import check_dtype
 
 pytestmark = pytest.mark.interpreter
 
@@ -40,6 +41,6 @@ def test_mutant_is_reported_wrong(path):
     template = Template.from_file(path, block_id)
     module, failure = load_candidate(Candidate.from_template(template).source, f"mutant_{path.stem}")
     assert failure is None
-    results = verify(block, module.run, block.shapes("smoke") + block.shapes("check"), torch.float16, "cpu")
+    results = verify(block, module.run, block.shapes("smoke") + block.shapes("check"), check_dtype(block), "cpu")
     final = results[-1][1]
     assert final.status is Status.WRONG, f"{path.name} slipped through: {[v.status.value for _, v in results]}"
