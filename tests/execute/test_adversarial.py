@@ -222,3 +222,22 @@ def test_faster_than_the_roofline_is_reverified_and_flagged():
     [bad] = evaluate(block, cheater, block.shapes("smoke"), torch.float16, FakeGpu(1e-12))
     assert bad.status is Status.WRONG and bad.verification.message.startswith(ROOFLINE_FLAG)
     assert "re-verification failed" in bad.verification.message and bad.timing is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2])
+def test_every_floating_input_changes_before_each_timed_call(dtype):
+    """The value cache defense (touch_inputs) changes one element of every floating-point input,
+    fp8 weights included (torch cannot negate them on the CPU: the sign bit is flipped instead),
+    a different element on each call, and leaves integer inputs alone."""
+    from kernelforge.execute.timed_calls import touch_inputs
+
+    w = (torch.arange(64, dtype=torch.float32) / 8 + 0.5).to(dtype)
+    ids = torch.arange(64, dtype=torch.int32)
+    seen = set()
+    for call in range(3):
+        previous = w.clone()
+        touch_inputs({"w": w, "ids": ids}, call)
+        [changed] = (w.float() != previous.float()).nonzero().flatten().tolist()
+        assert w[changed].float() == -previous[changed].float()
+        seen.add(changed)
+    assert len(seen) == 3 and torch.equal(ids, torch.arange(64, dtype=torch.int32))

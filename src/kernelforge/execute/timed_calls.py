@@ -39,7 +39,13 @@ def touch_inputs(inputs: Mapping[str, Any], call: int) -> None:
     for tensor in inputs.values():
         if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.numel() and tensor.is_contiguous():
             flat = tensor.view(-1)
-            flat[(call * 7919 + 13) % flat.numel()].neg_()
+            index = (call * 7919 + 13) % flat.numel()
+            if tensor.element_size() == 1:
+                # fp8 (quantised weights): torch has no negation for it on the CPU; flipping the
+                # sign bit is the same change (e4m3fn and e5m2 keep the sign in the top bit).
+                flat.view(torch.uint8)[index] ^= 0x80
+            else:
+                flat[index].neg_()
 
 
 @dataclass(frozen=True)
