@@ -1,0 +1,1 @@
+"""Quantised weight formats: packing, exact dequantisation, byte counts."""
