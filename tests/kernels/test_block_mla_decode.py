@@ -1,0 +1,201 @@
+"""attention/mla_decode: the model constants and softmax scales, the reference against a naive fp64
+loop, the paged inputs and their junk, counts, and the baseline template in the interpreter."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import pytest
+import torch
+
+from kernelforge.block import DISTRIBUTIONS, Shape
+from kernelforge.devices.hardware import ceilings_for
+from kernelforge.execute.verify import verify
+from kernelforge.result import Status
+
+BLOCK_ID = "attention/mla_decode"
+
+
+@pytest.fixture(scope="module")
+def block(catalog):
+    return catalog.block(BLOCK_ID)
+
+
+@pytest.fixture(scope="module")
+def constants(block):
+    return sys.modules[type(block).__module__]
+
+
+def _small_shapes(block) -> list[Shape]:
+    return block.shapes("smoke") + block.shapes("check")
+
+
+def naive_mla(q, kv_cache, block_table, lengths, sm_scale) -> torch.Tensor:
+    """fp64, one sequence, head and token at a time: token j of sequence b is row j % 64 of page
+    block_table[b, j // 64]; key = the whole 576-wide row, value = its first 512 columns."""
+    batch, heads, _ = q.shape
+    page = kv_cache.shape[1]
+    out = torch.zeros(batch, heads, 512, dtype=torch.float64)
+    for b in range(batch):
+        rows = torch.stack([kv_cache[int(block_table[b, j // page]), j % page].double()
+                            for j in range(int(lengths[b]))])
+        for h in range(heads):
+            p = torch.softmax(sm_scale * (rows @ q[b, h].double()), dim=0)
+            out[b, h] = p @ rows[:, :512]
+    return out
+
+
+def _allowed_rows(inputs) -> torch.Tensor:
+    """[NUM_PAGES, PAGE] bool: the cache rows some sequence reads."""
+    kv, table, lengths = inputs["kv_cache"], inputs["block_table"], inputs["lengths"]
+    allowed = torch.zeros(kv.shape[:2], dtype=torch.bool)
+    for b, n in enumerate(lengths.tolist()):
+        for j in range(n):
+            allowed[int(table[b, j // kv.shape[1]]), j % kv.shape[1]] = True
+    return allowed
+
+
+# -- model constants ------------------------------------------------------------------------------
+
+
+def test_softmax_scales_from_the_configs(constants):
+    """qk_head_dim^-0.5 * (0.1 * mscale_all_dim * ln(factor) + 1)^2, recomputed by hand."""
+    for name, factor in (("deepseek-r1", 40.0), ("kimi-k2.5", 64.0)):
+        model = constants.MODELS[name]
+        assert (model.kv_lora_rank, model.qk_rope_head_dim, model.qk_head_dim, model.key_dim) == (512, 64, 192, 576)
+        assert model.yarn_factor == factor and model.mscale_all_dim == 1.0
+        by_hand = 192 ** -0.5 * (0.1 * math.log(factor) + 1.0) ** 2
+        assert model.softmax_scale == pytest.approx(by_hand, rel=1e-12)
+        assert round(model.softmax_scale, 6) == constants.DOCUMENTED_SCALES[name]
+        assert model.softmax_scale != pytest.approx(576 ** -0.5, rel=0.1)
+    assert constants.MODELS["deepseek-r1"].heads == 128 and constants.MODELS["kimi-k2.5"].heads == 64
+
+
+def test_inputs_carry_the_model_scale(block, constants):
+    for shape in _small_shapes(block):
+        inputs = block.make_inputs(shape, torch.float16, "cpu", seed=1)
+        assert inputs["sm_scale"] == constants.MODELS[shape["MODEL"]].softmax_scale
+
+
+# -- reference, inputs, counts --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("distribution", DISTRIBUTIONS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reference_matches_naive(block, dtype, distribution):
+    for shape in _small_shapes(block):
+        inputs = block.make_inputs(shape, dtype, "cpu", seed=3, distribution=distribution)
+        ref = block.reference(**inputs)
+        assert ref.dtype == torch.float32 and ref.shape == (shape["B"], shape["H"], 512)
+        expected = naive_mla(**inputs)
+        rel = ((ref.double() - expected).norm() / expected.norm()).item()
+        assert rel < 1e-4, f"{shape.name}: reference differs from the naive fp64 form by {rel:.3g}"
+
+
+def test_pages_are_permuted_and_junk_is_everywhere_else(block, constants):
+    shape = block.shapes("check/ragged-b5")[0]
+    a = block.make_inputs(shape, torch.float16, "cpu", seed=7)
+    b = block.make_inputs(shape, torch.float16, "cpu", seed=7)
+    c = block.make_inputs(shape, torch.float16, "cpu", seed=8)
+    for name in ("q", "kv_cache", "block_table", "lengths"):
+        assert torch.equal(a[name], b[name]), name
+    assert not torch.equal(a["q"], c["q"]) and not torch.equal(a["block_table"], c["block_table"])
+    table, lengths = a["block_table"], a["lengths"]
+    assert table.dtype == torch.int32 and lengths.dtype == torch.int32
+    assert lengths.tolist() == list(shape["LENGTHS"]) and table.shape[1] % 16 == 0
+    owned = [table[i, : -(-n // 64)] for i, n in enumerate(lengths.tolist())]
+    flat = torch.cat(owned)
+    assert len(set(flat.tolist())) == len(flat), "every page belongs to one sequence"
+    assert not torch.equal(flat, torch.arange(len(flat), dtype=torch.int32)), "pages come from a permutation"
+    # Unused entries (one spare per sequence at least) point at pages no sequence owns.
+    unused = torch.cat([table[i, len(p):] for i, p in enumerate(owned)])
+    assert len(unused) >= shape["B"] and not set(unused.tolist()) & set(flat.tolist())
+    allowed = _allowed_rows(a)
+    kv = a["kv_cache"]
+    assert (kv[~allowed] == constants.JUNK).all() and kv[allowed].abs().max() < constants.JUNK
+    assert (~allowed).any(dim=1).sum() > len(unused.unique()), "tails of last pages are junk too"
+
+
+def test_junk_does_not_change_the_reference(block):
+    shape = block.shapes("check/ragged-b5")[0]
+    inputs = block.make_inputs(shape, torch.float32, "cpu", seed=2)
+    ref = block.reference(**inputs)
+    allowed = _allowed_rows(inputs)
+    changed = dict(inputs, kv_cache=inputs["kv_cache"].clone())
+    changed["kv_cache"][~allowed] = -1e4
+    assert torch.equal(block.reference(**changed), ref)
+    # ... while one allowed row does.
+    changed["kv_cache"][allowed.nonzero()[0, 0], allowed.nonzero()[0, 1]] += 1.0
+    assert not torch.equal(block.reference(**changed), ref)
+
+
+def test_counts(block):
+    for shape in _small_shapes(block):
+        tokens, pages = sum(shape["LENGTHS"]), sum(-(-n // 64) for n in shape["LENGTHS"])
+        counts = block.counts(shape, torch.bfloat16)
+        assert counts.flops == 2 * shape["H"] * tokens * (576 + 512)
+        q_out = shape["B"] * shape["H"] * (576 + 512) * 2
+        assert counts.bytes == tokens * 576 * 2 + q_out + 4 * pages + 4 * shape["B"]
+    # At 128 heads decode is compute-bound on an H200: about 1.9 * H FLOP per byte.
+    h200 = ceilings_for("NVIDIA H200")
+    deepseek = block.counts(block.shapes("deepseek-r1/long_context/b64")[0], torch.bfloat16)
+    kimi = block.counts(block.shapes("kimi-k2.5/long_context/b64")[0], torch.bfloat16)
+    assert deepseek.intensity == pytest.approx(1.89 * 128, rel=0.01)
+    assert deepseek.intensity > h200.ridge(practical=False) > h200.ridge(practical=True)
+    assert h200.bound(deepseek.flops, deepseek.bytes) == "compute"
+    assert kimi.intensity < h200.ridge(practical=True)
+
+
+def test_shape_sets(block, constants):
+    sets = block.shape_sets()
+    profiles = constants.MLA_PROFILES
+    assert profiles == {"interactive": 8800, "rag": 33200, "coding": 68000, "long_context": 130000, "8k1k": 9216}
+    for model, heads in (("deepseek-r1", 128), ("kimi-k2.5", 64)):
+        names = {s.name for s in sets[model]}
+        assert names == {f"{model}/{p}/b{b}" for p in profiles for b in (1, 8, 32, 64)}
+        assert all(s["H"] == heads and s["MODEL"] == model for s in sets[model])
+    for profile, length in profiles.items():
+        shapes = sets[f"mla-{profile}"]
+        assert len(shapes) == 8 and all(s["LENGTHS"] == (length,) * s["B"] for s in shapes)
+    big = block.shapes("deepseek-r1/long_context/b64")[0]
+    assert big["S_MAX"] == 130000 and big["PAGE"] == 64
+    check = block.shapes("check")
+    lengths = {n for s in check for n in s["LENGTHS"]}
+    assert {1, 64, 65} <= lengths and any(n % 64 for n in lengths)
+    assert any(s["H"] % 16 for s in check) and any(s["B"] == 5 for s in check)
+    assert block.compile_shape()["H"] == 128
+
+
+def test_per_shape_baselines_follow_sglang(catalog):
+    template = catalog.baseline(BLOCK_ID)
+    assert dict(template.baseline) == {"BLOCK_H": 16, "BLOCK_N": 32, "NUM_KV_SPLITS": 8, "num_warps": 4,
+                                       "num_stages": 2, "MERGE_BLOCK": 1, "MERGE_WARPS": 4}
+    block = catalog.block(BLOCK_ID)
+
+    def sglang(length, b, h):  # get_num_kv_splits_triton for equal lengths, MLA cap 256, 132 SMs
+        cores = int(132 * max(math.log2(length / 64), 1.0))
+        s2 = min(-(-cores // (b * -(-h // 16))), 256)
+        return -(-length // -(-length // s2))
+
+    for model in ("deepseek-r1", "kimi-k2.5"):
+        for shape in block.shapes(model):
+            point = template.baseline_for(shape).point
+            assert point["NUM_KV_SPLITS"] == sglang(shape["S_MAX"], shape["B"], shape["H"]), shape.name
+    assert template.baseline_for(block.shapes("smoke")[0]).point["NUM_KV_SPLITS"] == 8
+
+
+# -- the baseline template in the interpreter -----------------------------------------------------
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_baseline_verifies(catalog, block, dtype):
+    from kernelforge.candidate import Candidate
+    from kernelforge.execute.evaluate import load_candidate
+
+    module, failure = load_candidate(Candidate.from_template(catalog.baseline(BLOCK_ID)).source, "mla")
+    assert failure is None
+    results = verify(block, module.run, _small_shapes(block), dtype, "cpu", stop_at_first_failure=False)
+    failed = [f"{s.name}: {v.status.value} {v.message}" for s, v in results if v.status is not Status.OK]
+    assert not failed, failed
