@@ -181,17 +181,24 @@ def test_missing_shapes_are_named_and_give_no_total():
     assert phase.missing == [(MOE, "gpt-oss-20b/T8")]
 
 
-def test_every_profile_has_its_prefill_presets():
+def test_every_profile_has_the_presets_each_model_needs():
     catalog = Catalog.discover(Path(__file__).resolve().parents[2] / "kernels")
-    names = {block: {s.name for shapes in catalog.block(block).shape_sets().values() for s in shapes}
-             for block in (PRE, DEC, MOE)}
+
+    def names(block):
+        return {s.name for shapes in catalog.block(block).shape_sets().values() for s in shapes}
+
     for profile in proj.PROFILES.values():
-        assert set(proj.prefill_shapes(profile.name).values()) <= names[PRE], profile.name
         for model in proj.MODELS.values():
             # The MoE prefill runs once over the prompt: T<prompt tokens> is a preset of every model.
-            assert proj.moe_shape(model, profile.input_tokens) in names[MOE], (profile.name, model.name)
-        for batch in proj.BATCHES:
-            assert set(proj.decode_shapes(profile.name, batch).values()) <= names[DEC]
+            assert proj.moe_shape(model, profile.input_tokens) in names(model.moe_block), (profile.name, model.name)
+            for phase, batches in (("prefill", [None]), ("decode", proj.BATCHES)):
+                for batch in batches:
+                    calls = model.attention_calls(phase, profile.name, batch)
+                    if calls is None:  # no block measures it: the model must estimate it instead
+                        assert phase == "prefill" and model.attention_estimate(1000) is not None
+                        continue
+                    for block, shape, _ in calls.needed:
+                        assert shape in names(block), (model.name, phase, batch, shape)
 
 
 def test_project_covers_every_profile_and_lists_what_it_lacks():

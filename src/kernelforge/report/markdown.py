@@ -8,11 +8,12 @@ replayed timings are labelled as such, and never placed against a GPU ceiling.
 from __future__ import annotations
 
 import json
+from typing import Sequence
 
 from kernelforge.report.format import (baseline_ref, baselines_text, confirmed_text, fmt_delta, fmt_joules,
                                        fmt_speedup, fmt_time, params_text, roofline_cells, speedup_text)
 from kernelforge.report.projected import NOTHING_PROJECTED
-from kernelforge.report.records import BlockReport, ProjectionReport, Report
+from kernelforge.report.records import BlockReport, PhaseRow, ProjectionReport, Report
 
 #: Device kinds whose timings are not live GPU measurements: they get a banner everywhere.
 LABELLED_DEVICES = ("interpret", "replay")
@@ -172,16 +173,48 @@ def _roofline_markdown(block: BlockReport) -> list[str]:
     return lines
 
 
+def _by_model(phases: Sequence[PhaseRow]) -> dict[str, list[PhaseRow]]:
+    """Phases grouped by model, in the order the models first appear."""
+    out: dict[str, list[PhaseRow]] = {}
+    for ph in phases:
+        out.setdefault(ph.model, []).append(ph)
+    return out
+
+
+def _model_table(model: str, phases: Sequence[PhaseRow]) -> list[str]:
+    """One model's table of a profile: every complete component, each complete phase's total, the notes."""
+    lines = [f"#### {model}", "",
+             "| phase | batch | baseline blocks | winner blocks | change | speedup | J/token baseline | J/token winner | calls |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for ph in phases:
+        for c in ph.components:
+            if not c.complete:
+                continue
+            lines.append(f"| {ph.kind} {c.label} | {ph.batch or '-'} | {fmt_time(c.baseline_s)} | {fmt_time(c.winner_s)} | "
+                         f"{fmt_delta(c.change_s)} | {fmt_speedup(c.baseline_s / c.winner_s if c.winner_s else None)} | "
+                         f"{fmt_joules(c.baseline_j_per_token)} | {fmt_joules(c.winner_j_per_token)} | {c.calls} |")
+        if ph.complete:
+            extra = ", dense parts estimated" if any(c.estimate for c in ph.components) else ""
+            lines.append(f"| **{ph.kind} total (these blocks{extra})** | {ph.batch or '-'} | {fmt_time(ph.baseline_s)} | "
+                         f"{fmt_time(ph.winner_s)} | {fmt_delta(ph.change_s)} | {fmt_speedup(ph.speedup)} | "
+                         f"{fmt_joules(ph.baseline_j_per_token)} | {fmt_joules(ph.winner_j_per_token)} | "
+                         f"all parts measured |")
+    lines.append("")
+    notes = sorted({c.note for ph in phases for c in ph.components if c.note and c.complete})
+    lines.extend(line for n in notes for line in (f"Note: {n}.", ""))
+    return lines
+
+
 def _projection_markdown(projection: ProjectionReport | None) -> list[str]:
     if not projection:
         return []
     lines = ["## Model-level projection (TTFT / TBT)", ""]
-    models = ", ".join(f"{k} {v} layers" for k, v in projection.models.items())
-    lines.append(f"What the measured per-call times of the attention and MoE blocks mean for the whole model ({models}; "
-                 "window-128 attention on half the layers, full on the other half). TTFT: prefill attention on "
-                 "every layer plus the MoE experts over the prefill tokens; TBT: one decode step at batch B at the "
-                 "profile's full context. Only these blocks' contribution changes; not measured and not included: "
-                 + ", ".join(projection.not_measured) + ".")
+    lines.append("What the measured per-call times of the attention and MoE blocks mean for each whole model. TTFT: "
+                 "prefill attention on every layer plus the MoE experts over the prefill tokens; TBT: one decode step "
+                 "at batch B at the profile's full context. Only these blocks' contribution changes; not measured and "
+                 "not included: " + ", ".join(projection.not_measured) + ".")
+    lines.append("")
+    lines.extend(f"- **{name}**: {summary}" for name, summary in projection.models.items())
     lines.append("")
     if projection.devices:
         lines.append("Per-call times from: " + "; ".join(f"{b} on {d}" for b, d in projection.devices.items())
@@ -193,30 +226,13 @@ def _projection_markdown(projection: ProjectionReport | None) -> list[str]:
     for p in projection.profiles:
         lines.append(f"### {p.profile} ({p.input_tokens} in / {p.output_tokens} out)")
         lines.append("")
-        if p.phases:
-            lines.append("| phase | model | batch | baseline blocks | winner blocks | change | speedup | "
-                         "J/token baseline | J/token winner | calls |")
-            lines.append("|---|---|---|---|---|---|---|---|---|---|")
-            for ph in p.phases:
-                for c in ph.components:
-                    if not c.complete:
-                        continue
-                    lines.append(f"| {ph.kind} {c.label} | {ph.model} | {ph.batch or '-'} | "
-                                 f"{fmt_time(c.baseline_s)} | {fmt_time(c.winner_s)} | {fmt_delta(c.change_s)} | "
-                                 f"{fmt_speedup(c.baseline_s / c.winner_s if c.winner_s else None)} | "
-                                 f"{fmt_joules(c.baseline_j_per_token)} | {fmt_joules(c.winner_j_per_token)} | "
-                                 f"{c.calls} |")
-                if ph.complete:
-                    extra = ", dense parts estimated" if any(c.estimate for c in ph.components) else ""
-                    lines.append(f"| **{ph.kind} total (these blocks{extra})** | {ph.model} | {ph.batch or '-'} | "
-                                 f"{fmt_time(ph.baseline_s)} | {fmt_time(ph.winner_s)} | {fmt_delta(ph.change_s)} | "
-                                 f"{fmt_speedup(ph.speedup)} | {fmt_joules(ph.baseline_j_per_token)} | "
-                                 f"{fmt_joules(ph.winner_j_per_token)} | all parts measured |")
-            notes = sorted({c.note for ph in p.phases for c in ph.components if c.note and c.complete})
-            for n in notes:
-                lines.append("")
-                lines.append(f"Note: {n}.")
-            lines.append("")
+        measured = _by_model(p.phases)
+        for model in projection.models:
+            if model in measured:
+                lines.extend(_model_table(model, measured[model]))
+            else:
+                lines.extend([f"#### {model}", "", f"Nothing of {model} was measured for this profile "
+                              "(the shapes it needs are listed below).", ""])
         if p.infeasible:
             lines.append("Does not fit the GPU's memory (not projected):")
             lines.append("")

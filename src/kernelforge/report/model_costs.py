@@ -1,7 +1,9 @@
 """The costs of a GPT-OSS model that the projection (:mod:`kernelforge.report.projection`) needs
 beyond the measured blocks: its dimensions (the public ``config.json`` of ``openai/gpt-oss-120b``
 and ``openai/gpt-oss-20b``), the bytes of its weights and KV cache, the FLOPs and bytes of its
-dense kernels (for roofline estimates), and whether a phase fits a GPU's memory.
+dense kernels (for roofline estimates), which attention presets a phase needs, and whether a phase
+fits a GPU's memory. The MLA models (DeepSeek-R1, Kimi K2.5) are in
+:mod:`kernelforge.report.mla_costs`; both kinds answer the same questions (:class:`Model`'s methods).
 
 Pure arithmetic over plain numbers.
 """
@@ -9,6 +11,7 @@ Pure arithmetic over plain numbers.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from kernelforge.devices.hardware import Ceilings
 
@@ -18,13 +21,62 @@ MXFP4 = 4.25 / 8
 
 
 @dataclass(frozen=True)
+class AttentionCalls:
+    """The attention calls of one phase over all layers: (block, shape, calls) triples and the calls
+    in words (``18 full-layer calls + 18 window-layer calls``)."""
+
+    block: str
+    label: str
+    needed: tuple[tuple[str, str, float], ...]
+    calls: str
+
+
+class ProjectedModel(Protocol):
+    """What the projection asks of a model (GPT-OSS: :class:`Model`; DeepSeek-R1 and Kimi K2.5:
+    :class:`kernelforge.report.mla_costs.MlaModel`)."""
+
+    name: str
+    layers: int
+    moe_set: str
+    moe_block: str
+    gpus: int
+
+    @property
+    def moe_layers(self) -> int: ...
+
+    def summary(self) -> str: ...
+
+    def weight_bytes(self) -> float: ...
+
+    def kv_bytes(self, sequences: int, tokens: int, window_layers_full: bool = False) -> float: ...
+
+    def attention_calls(self, phase: str, profile: str, batch: int | None) -> "AttentionCalls | None": ...
+
+    def attention_estimate(self, tokens: int) -> "Work | None": ...
+
+    def dense_work(self, rows: int) -> "dict[str, Work]": ...
+
+    def head_work(self, rows: int) -> "Work": ...
+
+
+@dataclass(frozen=True)
 class Model:
-    """A model the projection knows (its ``config.json`` figures) and its MoE shape set."""
+    """A GPT-OSS model the projection knows (its ``config.json`` figures) and its MoE shape set.
+
+    What the projection asks of every model (:class:`ProjectedModel`):
+    ``name``, ``layers``, ``moe_block`` and ``moe_set`` (its MoE presets are ``<moe_set>/T<tokens>``),
+    ``moe_layers``, ``gpus`` (the GPUs its weights need: the memory check is against all of them),
+    :meth:`weight_bytes`, :meth:`kv_bytes`, :meth:`attention_calls` (None: no block measures that
+    attention; :meth:`attention_estimate` gives its roofline work), :meth:`dense_work` and
+    :meth:`head_work`.
+    """
 
     name: str
     layers: int
     moe_set: str
     experts: int
+    moe_block: str = "moe/gpt_oss_experts"
+    gpus: int = 1
     hidden: int = 2880
     intermediate: int = 2880
     q_heads: int = 64
@@ -51,6 +103,52 @@ class Model:
         per_token_layer = 2 * self.kv_heads * self.head_dim * BF16
         kept = tokens if window_layers_full else min(tokens, self.window)
         return sequences * per_token_layer * (n_full * tokens + n_window * kept)
+
+    @property
+    def moe_layers(self) -> int:
+        return self.layers
+
+    def summary(self) -> str:
+        """The model in one line, for the report."""
+        return (f"{self.layers} layers, GQA {self.q_heads}/{self.kv_heads} with sinks (window-128 attention on "
+                f"half the layers, full on the others), {self.experts} MXFP4 experts, top-{self.topk}")
+
+    def attention_calls(self, phase: str, profile: str, batch: int | None) -> AttentionCalls:
+        """The GPT-OSS attention presets of a phase (``prefill`` or ``decode``): a full-layer and a
+        window-layer shape, each called on its half of the layers."""
+        n_full, n_window = layer_split(self.layers)
+        if phase == "prefill":
+            block, label, names = PREFILL_BLOCK, "attention (prefill)", prefill_shapes(profile)
+        else:
+            block, label, names = DECODE_BLOCK, "attention (decode)", decode_shapes(profile, batch or 1)
+        return AttentionCalls(block, label, ((block, names["full"], n_full), (block, names["window"], n_window)),
+                              f"{n_full} full-layer calls + {n_window} window-layer calls")
+
+    def attention_estimate(self, tokens: int) -> "Work | None":
+        """GPT-OSS's attention is always a measured block: no estimate."""
+        del tokens
+        return None
+
+    def dense_work(self, rows: int) -> dict[str, Work]:
+        """The dense kernels of every layer over ``rows`` tokens, summed over the layers."""
+        return {k: Work(w.flops * self.layers, w.bytes * self.layers) for k, w in layer_dense_work(self, rows).items()}
+
+    def head_work(self, rows: int) -> "Work":
+        return head_work(self, rows)
+
+
+PREFILL_BLOCK = "attention/gpt_oss_prefill"
+DECODE_BLOCK = "attention/gpt_oss_decode"
+
+
+def prefill_shapes(profile: str) -> dict[str, str]:
+    """Layer kind -> GPT-OSS prefill attention preset name of a profile."""
+    return {"full": f"gpt-oss/{profile}/full", "window": f"gpt-oss/{profile}/window"}
+
+
+def decode_shapes(profile: str, batch: int) -> dict[str, str]:
+    """Layer kind -> GPT-OSS decode attention preset name of a profile at a batch size."""
+    return {"full": f"gpt-oss/{profile}/b{batch}/full", "window": f"gpt-oss/{profile}/b{batch}/window128"}
 
 
 def layer_split(layers: int) -> tuple[int, int]:
@@ -113,17 +211,20 @@ class Feasibility:
     message: str
 
 
-def feasibility(model: Model, kind: str, batch: int, tokens: int, ceilings: Ceilings | None) -> Feasibility | None:
-    """The memory check of a phase, or None when the GPU's memory is not known."""
+def feasibility(model: ProjectedModel, kind: str, batch: int, tokens: int,
+                ceilings: Ceilings | None) -> Feasibility | None:
+    """The memory check of a phase against all the GPUs the model needs (``model.gpus``), or None
+    when the GPU's memory is not known."""
     if ceilings is None or not ceilings.memory_bytes:
         return None
     weights, kv = model.weight_bytes(), model.kv_bytes(batch, tokens)
     presets = model.kv_bytes(batch, tokens, window_layers_full=True)
-    needed, memory, gb = weights + kv, ceilings.memory_bytes, 1e9
+    needed, memory, gb = weights + kv, ceilings.memory_bytes * model.gpus, 1e9
+    of = f"{memory / gb:.0f} GB of {ceilings.name}" if model.gpus == 1 else \
+        f"{memory / gb:.0f} GB of {model.gpus} x {ceilings.name}"
     verdict = "fits" if needed <= memory else "does not fit: not projected"
     message = (f"{model.name} {kind} at batch {batch} x {tokens} tokens needs at least {needed / gb:.0f} GB "
                f"(weights {weights / gb:.1f} GB + KV cache {kv / gb:.1f} GB; {presets / gb:.0f} GB with every layer "
-               f"at the full context, as the presets lay it out) of the {memory / gb:.0f} GB of {ceilings.name}: "
-               f"{verdict}")
+               f"at the full context, as the presets lay it out) of the {of}: {verdict}")
     return Feasibility(model.name, kind, batch, tokens, weights, kv, presets, needed, memory, ceilings.name,
                        needed <= memory, message)

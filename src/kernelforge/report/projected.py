@@ -16,10 +16,10 @@ from kernelforge.report.records import (BlockReport, ComponentRow, MissingGroup,
                                         ProfileReport, ProjectionReport)
 
 #: Said when a job measured none of the shapes a projection needs (e.g. the demo's smoke shapes).
-NOTHING_PROJECTED = ("**Nothing is projected:** this job measured none of the GPT-OSS preset shapes the projection "
+NOTHING_PROJECTED = ("**Nothing is projected:** this job measured none of the model preset shapes the projection "
                      "needs (it ran other shapes, e.g. smoke shapes); the shapes each profile needs are listed below.")
 
-PROJECTED_BLOCKS = (proj.PREFILL_BLOCK, proj.DECODE_BLOCK, proj.MOE_BLOCK)
+PROJECTED_BLOCKS = proj.PROJECTED_BLOCKS
 
 
 def collect_projection(blocks: Sequence[BlockReport], catalog: Catalog, *, chunk: int | None = None) -> ProjectionReport:
@@ -44,16 +44,19 @@ def collect_projection(blocks: Sequence[BlockReport], catalog: Catalog, *, chunk
     moe_tokens: dict[str, list[int]] = {}
     for model in proj.MODELS.values():
         stored = [int(shape.rsplit("/T", 1)[1]) for (block, shape) in measured
-                  if block == proj.MOE_BLOCK and shape.startswith(model.moe_set + "/T")
+                  if block == model.moe_block and shape.startswith(model.moe_set + "/T")
                   and shape.rsplit("/T", 1)[1].isdigit()]
         if not stored:
             # Nothing stored: name the presets the block defines, so "missing" names a real shape.
-            stored = [int(s.rsplit("/T", 1)[1]) for s in known.get(proj.MOE_BLOCK, ())
+            stored = [int(s.rsplit("/T", 1)[1]) for s in known.get(model.moe_block, ())
                       if s.startswith(model.moe_set + "/T") and s.rsplit("/T", 1)[1].isdigit()]
         moe_tokens[model.name] = sorted(stored)
     ceilings = {block: ceilings_for(name) for block, name in devices.items()}
-    projection = proj.project(measured, moe_tokens, chunk=chunk, prefill_ceilings=ceilings.get(proj.PREFILL_BLOCK),
-                              decode_ceilings=ceilings.get(proj.DECODE_BLOCK))
+    # The GPU that measured the attention sets the estimates' ceilings (else any GPU that measured a block).
+    known_gpu = next((c for c in ceilings.values() if c is not None), None)
+    prefill = ceilings.get(proj.PREFILL_BLOCK) or known_gpu
+    decode = ceilings.get(proj.DECODE_BLOCK) or ceilings.get(proj.MLA_DECODE_BLOCK) or known_gpu
+    projection = proj.project(measured, moe_tokens, chunk=chunk, prefill_ceilings=prefill, decode_ceilings=decode)
     profiles = []
     for pname, profile in proj.PROFILES.items():
         phases = projection.for_profile(pname)
@@ -76,7 +79,7 @@ def collect_projection(blocks: Sequence[BlockReport], catalog: Catalog, *, chunk
         ))
     return ProjectionReport(profiles=tuple(profiles), devices=devices, not_measured=tuple(proj.NOT_MEASURED),
                             measured_any=any(p.measured_any for p in profiles),
-                            models={m.name: m.layers for m in proj.MODELS.values()}, estimated=proj.ESTIMATED)
+                            models={m.name: m.summary() for m in proj.MODELS.values()}, estimated=proj.ESTIMATED)
 
 
 def _measured(phase: proj.Phase) -> bool:

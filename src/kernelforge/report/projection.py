@@ -1,10 +1,13 @@
 """Model-level projection: what the measured per-call block times mean for time-to-first-token
-(TTFT) and time-between-tokens (TBT) of a whole GPT-OSS model, per workload profile.
+(TTFT) and time-between-tokens (TBT) of a whole model, per workload profile: GPT-OSS-120b and -20b
+(below), DeepSeek-R1 and Kimi K2.5 (:mod:`kernelforge.report.mla_costs`: MLA decode measured on
+every layer, MLA prefill attention and the dense layers estimated, the MoE block on the MoE layers;
+their weights need a node of 8 GPUs, and the figures are the full layer's block times on one GPU).
 
 Pure arithmetic over plain numbers (no store, no torch), so the report can show its working and a
 test can check it against a worked example by hand.
 
-The model (BLOCKS.md; dimensions from the public ``config.json`` of ``openai/gpt-oss-120b`` and
+The GPT-OSS model (BLOCKS.md; dimensions from the public ``config.json`` of ``openai/gpt-oss-120b`` and
 ``openai/gpt-oss-20b``: hidden 2880, 64 query and 8 KV heads of 64, vocabulary 201088, sliding
 window 128, 128 or 32 experts with top-4, 36 or 24 layers):
 
@@ -37,12 +40,13 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 from kernelforge.devices.hardware import Ceilings
-# The model's costs live beside; names used by callers of this module stay importable from here.
-from kernelforge.report.model_costs import (Feasibility, Model, Work, feasibility, head_work,  # noqa: F401
-                                            layer_dense_work, layer_split, roofline_s)
+# The models' costs live beside; names used by callers of this module stay importable from here.
+from kernelforge.report.mla_costs import DECODE_BLOCK as MLA_DECODE_BLOCK
+from kernelforge.report.mla_costs import MLA_MODELS
+from kernelforge.report.model_costs import (DECODE_BLOCK, PREFILL_BLOCK, AttentionCalls,  # noqa: F401
+                                            Feasibility, Model, ProjectedModel, Work, decode_shapes, feasibility,
+                                            head_work, layer_dense_work, layer_split, prefill_shapes, roofline_s)
 
-PREFILL_BLOCK = "attention/gpt_oss_prefill"
-DECODE_BLOCK = "attention/gpt_oss_decode"
 MOE_BLOCK = "moe/gpt_oss_experts"
 #: The ``block`` of the dense parts' components: roofline estimates, no block measured them.
 ESTIMATE = "estimate"
@@ -63,10 +67,14 @@ class Profile:
     output_tokens: int
 
 
-MODELS: dict[str, Model] = {
+MODELS: dict[str, ProjectedModel] = {
     "gpt-oss-120b": Model("gpt-oss-120b", 36, "gpt-oss-120b", experts=128),
     "gpt-oss-20b": Model("gpt-oss-20b", 24, "gpt-oss-20b", experts=32),
+    **MLA_MODELS,
 }
+#: Every block the projection reads per-call times of.
+PROJECTED_BLOCKS: tuple[str, ...] = tuple(dict.fromkeys(
+    [PREFILL_BLOCK, DECODE_BLOCK, MLA_DECODE_BLOCK] + [m.moe_block for m in MODELS.values()]))
 
 PROFILES: dict[str, Profile] = {
     "interactive": Profile("interactive", 8000, 800),
@@ -76,23 +84,21 @@ PROFILES: dict[str, Profile] = {
     "8k1k": Profile("8k1k", 8192, 1024),
 }
 
-#: Serving concurrency of the decode presets (attention/gpt_oss_decode BATCHES).
+#: Serving concurrency of the decode presets (attention/gpt_oss_decode and mla_decode BATCHES).
 BATCHES: tuple[int, ...] = (1, 8, 32, 64)
 
 
-def prefill_shapes(profile: str) -> dict[str, str]:
-    """Layer kind -> prefill attention preset name of a profile."""
-    return {"full": f"gpt-oss/{profile}/full", "window": f"gpt-oss/{profile}/window"}
-
-
-def decode_shapes(profile: str, batch: int) -> dict[str, str]:
-    """Layer kind -> decode attention preset name of a profile at a batch size."""
-    return {"full": f"gpt-oss/{profile}/b{batch}/full", "window": f"gpt-oss/{profile}/b{batch}/window128"}
-
-
-def moe_shape(model: Model, tokens: int) -> str:
+def moe_shape(model: ProjectedModel, tokens: int) -> str:
     """MoE experts preset name of a model at a token count."""
     return f"{model.moe_set}/T{tokens}"
+
+
+def sharding_note(model: ProjectedModel) -> str:
+    """What the figures of a model that needs several GPUs are (empty for one GPU)."""
+    if model.gpus <= 1:
+        return ""
+    return (f"{model.name}'s weights need {model.gpus} GPUs: its figures sum the full layer's block times on one "
+            f"GPU (the work of the layer); sharding it over the node and the communication are not modelled")
 
 
 def closest_tokens(target: int, available: Iterable[int]) -> int | None:
@@ -114,17 +120,30 @@ def prefill_chunks(tokens: int, chunk: int | None = None) -> list[tuple[int, int
 
 # -- the dense parts: roofline estimates ---------------------------------------------------------
 
-def dense_estimate(model: Model, chunks: list[tuple[int, int]], head_rows: int, ceilings: Ceilings) -> "Component":
+def dense_estimate(model: ProjectedModel, chunks: list[tuple[int, int]], head_rows: int,
+                   ceilings: Ceilings) -> "Component":
     """The estimate component of a phase: every layer's dense kernels over each (rows, calls)
     chunk, plus the LM head over ``head_rows`` rows once."""
-    per_layer = sum(calls * roofline_s(w, ceilings) for rows, calls in chunks
-                    for w in layer_dense_work(model, rows).values())
-    seconds = model.layers * per_layer + roofline_s(head_work(model, head_rows), ceilings)
-    note = (f"roofline estimate, not measured: QKV/O projections, router and norms on {model.layers} layers, "
+    kernels: dict[str, None] = {}
+    seconds = roofline_s(model.head_work(head_rows), ceilings)
+    for rows, calls in chunks:
+        for name, work in model.dense_work(rows).items():
+            kernels[name] = None
+            seconds += calls * roofline_s(work, ceilings)
+    note = (f"roofline estimate, not measured: {', '.join(kernels)} on {model.layers} layers, "
             f"LM head on {head_rows} row(s), at {ceilings.name} {ceilings.practical_bandwidth / 1e12:.2f} TB/s, "
             f"{ceilings.practical_flops / 1e12:.0f} TFLOP/s")
     return Component(ESTIMATE, "dense parts (estimate)", (), (), f"{model.layers} layers + LM head", seconds,
                      seconds, note=note, estimate=True)
+
+
+def attention_estimate(model: ProjectedModel, work: Work, ceilings: Ceilings) -> "Component":
+    """Attention that no block measures (MLA prefill), at the roofline: labelled an estimate."""
+    seconds = roofline_s(work, ceilings)
+    note = (f"roofline estimate, not measured: no block measures {model.name}'s prefill attention "
+            f"({work.flops / 1e12:.1f} TFLOP over {model.layers} layers at {ceilings.name})")
+    return Component(ESTIMATE, "attention (prefill, estimate)", (), (), f"{model.layers} layers", seconds, seconds,
+                     note=note, estimate=True)
 
 
 # -- phases --------------------------------------------------------------------------------------
@@ -239,14 +258,11 @@ def _component(block: str, label: str, needed: list[tuple[str, str, float]], mea
     return Component(block, label, shapes, (), calls_per_layer, base, win, base_j, win_j, note)
 
 
-def _attention(block: str, label: str, names: dict[str, str], model: Model,
-               measured: Mapping[tuple[str, str], Measured]) -> Component:
-    n_full, n_window = layer_split(model.layers)
-    return _component(block, label, [(block, names["full"], n_full), (block, names["window"], n_window)], measured,
-                      f"{n_full} full-layer calls + {n_window} window-layer calls")
+def _attention(calls: AttentionCalls, measured: Mapping[tuple[str, str], Measured]) -> Component:
+    return _component(calls.block, calls.label, list(calls.needed), measured, calls.calls)
 
 
-def ttft(model: Model, profile: Profile, measured: Mapping[tuple[str, str], Measured], *,
+def ttft(model: ProjectedModel, profile: Profile, measured: Mapping[tuple[str, str], Measured], *,
          chunk: int | None = None, ceilings: Ceilings | None = None) -> Phase:
     """TTFT of ``model`` on ``profile``: prefill attention, the MoE experts in one pass over the
     prompt (or in ``chunk``-token calls), and, with ``ceilings``, the dense parts' estimate and
@@ -258,15 +274,22 @@ def ttft(model: Model, profile: Profile, measured: Mapping[tuple[str, str], Meas
     chunks = prefill_chunks(tokens, chunk)
     how = "one pass over the prompt" if len(chunks) == 1 and chunks[0][0] == tokens else f"chunks of {chunk} tokens"
     calls = " + ".join(f"{n} x T{t}" for t, n in chunks)
-    moe = _component(MOE_BLOCK, "MoE experts", [(MOE_BLOCK, moe_shape(model, t), model.layers * n) for t, n in chunks],
-                     measured, f"{model.layers} layers x ({calls})", f"MoE prefill of {tokens} tokens as {how}")
-    parts = [_attention(PREFILL_BLOCK, "attention (prefill)", prefill_shapes(profile.name), model, measured), moe]
+    block, layers = model.moe_block, model.moe_layers
+    moe = _component(block, "MoE experts", [(block, moe_shape(model, t), layers * n) for t, n in chunks],
+                     measured, f"{layers} layers x ({calls})",
+                     "; ".join(filter(None, [f"MoE prefill of {tokens} tokens as {how}", sharding_note(model)])))
+    attention = model.attention_calls("prefill", profile.name, None)
+    parts = [] if attention is None else [_attention(attention, measured)]
+    parts.append(moe)
     if ceilings is not None:
+        unmeasured = model.attention_estimate(tokens)
+        if attention is None and unmeasured is not None:
+            parts.insert(0, attention_estimate(model, unmeasured, ceilings))
         parts.append(dense_estimate(model, chunks, 1, ceilings))
     return Phase("TTFT", model.name, profile.name, None, tokens, tuple(parts), fit)
 
 
-def tbt(model: Model, profile: Profile, batch: int, measured: Mapping[tuple[str, str], Measured],
+def tbt(model: ProjectedModel, profile: Profile, batch: int, measured: Mapping[tuple[str, str], Measured],
         moe_tokens: Iterable[int], *, ceilings: Ceilings | None = None) -> Phase:
     """One decode step (TBT) at ``batch`` sequences; ``moe_tokens`` are the token counts of the
     model's MoE presets to choose from (the closest to the batch is used, and named)."""
@@ -275,14 +298,17 @@ def tbt(model: Model, profile: Profile, batch: int, measured: Mapping[tuple[str,
     if fit is not None and not fit.feasible:
         return Phase("TBT", model.name, profile.name, batch, batch, (), fit)
     preset = closest_tokens(batch, moe_tokens)
+    block, layers = model.moe_block, model.moe_layers
     if preset is None:
-        moe = Component(MOE_BLOCK, "MoE experts", (), ((MOE_BLOCK, moe_shape(model, batch)),), "-",
+        moe = Component(block, "MoE experts", (), ((block, moe_shape(model, batch)),), "-",
                         note="no MoE token-count preset of this model")
     else:
-        note = "" if preset == batch else f"closest stored MoE preset to batch {batch}: T{preset}"
-        moe = _component(MOE_BLOCK, "MoE experts", [(MOE_BLOCK, moe_shape(model, preset), model.layers)], measured,
-                         f"{model.layers} calls of T{preset}", note)
-    parts = [_attention(DECODE_BLOCK, "attention (decode)", decode_shapes(profile.name, batch), model, measured), moe]
+        note = "; ".join(filter(None, ["" if preset == batch else f"closest stored MoE preset to batch {batch}: T{preset}",
+                                       sharding_note(model)]))
+        moe = _component(block, "MoE experts", [(block, moe_shape(model, preset), layers)], measured,
+                         f"{layers} calls of T{preset}", note)
+    attention = model.attention_calls("decode", profile.name, batch)
+    parts = ([] if attention is None else [_attention(attention, measured)]) + [moe]
     if ceilings is not None:
         parts.append(dense_estimate(model, [(batch, 1)], batch, ceilings))
     return Phase("TBT", model.name, profile.name, batch, batch, tuple(parts), fit)

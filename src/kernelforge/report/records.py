@@ -290,7 +290,7 @@ class ProjectionReport:
     devices: dict[str, str]
     not_measured: tuple[str, ...]
     measured_any: bool
-    models: dict[str, int]  # model name -> layers
+    models: dict[str, str]  # model name -> its one-line summary
     estimated: tuple[str, ...] = ()  # parts included as roofline estimates (labelled as such)
 
 
