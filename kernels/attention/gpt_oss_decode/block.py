@@ -29,22 +29,15 @@ from typing import Any, Mapping
 import torch
 
 from kernelforge.block import Block, Counts, Shape, generator, random_tensor
+from kernelforge.profiles import BATCHES
+from kernelforge.profiles import PROFILES as WORKLOADS
 
 #: GPT-OSS-120b and -20b share attention dims (BLOCKS.md): 64 q heads, 8 kv heads, head dim 64.
 GPT_OSS = dict(H_Q=64, H_KV=8, D=64)
 
 #: Context length at the end of decode (input + output tokens) of each workload profile
-#: (BLOCKS.md): the decode step with the longest cache, i.e. the slowest one of the profile.
-PROFILES: dict[str, int] = {
-    "interactive": 8000 + 800,
-    "rag": 32000 + 1200,
-    "coding": 64000 + 4000,
-    "long_context": 128000 + 2000,
-    "8k1k": 8192 + 1024,
-}
-
-#: Serving concurrency swept for every profile.
-BATCHES = (1, 8, 32, 64)
+#: (:mod:`kernelforge.profiles`): the decode step with the longest cache, i.e. the slowest one.
+PROFILES: dict[str, int] = {name: p.context for name, p in WORKLOADS.items()}
 
 #: GPT-OSS layer kinds: odd layers full attention, even layers a sliding window of 128 keys.
 LAYER_KINDS = {"full": 0, "window128": 128}

@@ -23,13 +23,14 @@ from typing import Any, Mapping
 import torch
 
 from kernelforge.block import Block, Counts, Shape, generator, random_tensor
+from kernelforge.profiles import PROFILES as WORKLOADS
 
 #: GPT-OSS-120b and -20b share these (BLOCKS.md, model dimensions).
 GPT_OSS = dict(H_Q=64, H_KV=8, D=64)
 GPT_OSS_WINDOW = 128
 
-#: Prefill tokens of each workload profile (BLOCKS.md, workload profiles).
-PROFILES = {"interactive": 8000, "rag": 32000, "coding": 64000, "long_context": 128000, "8k1k": 8192}
+#: Prefill tokens of each workload profile (:mod:`kernelforge.profiles`).
+PROFILES = {name: p.input_tokens for name, p in WORKLOADS.items()}
 
 
 def allowed_pairs(s_q: int, s_kv: int, window: int) -> int:

@@ -49,6 +49,8 @@ from typing import Any, Mapping
 import torch
 
 from kernelforge.block import Block, Counts, Shape, generator, random_tensor
+from kernelforge.profiles import BATCHES
+from kernelforge.profiles import PROFILES as WORKLOADS
 
 
 @dataclass(frozen=True)
@@ -111,18 +113,9 @@ D_KEY = D_LATENT + D_ROPE
 #: Tokens per cache page, as vLLM's and SGLang's MLA caches use on Hopper.
 PAGE = 64
 
-#: Context at the end of decode (input + output tokens) of each workload profile: the numbers of
-#: gpt_oss_decode's PROFILES (BLOCKS.md workload profiles and InferenceX's 8k/1k).
-MLA_PROFILES: dict[str, int] = {
-    "interactive": 8000 + 800,
-    "rag": 32000 + 1200,
-    "coding": 64000 + 4000,
-    "long_context": 128000 + 2000,
-    "8k1k": 8192 + 1024,
-}
-
-#: Serving concurrency swept for every profile.
-BATCHES = (1, 8, 32, 64)
+#: Context at the end of decode (input + output tokens) of each workload profile
+#: (:mod:`kernelforge.profiles`), swept at its serving batch sizes (``BATCHES``).
+MLA_PROFILES: dict[str, int] = {name: p.context for name, p in WORKLOADS.items()}
 
 #: Junk in every cache row a correct kernel must not read. A junk key scores about
 #: sm_scale * 64 * sum(q), N(0, 200^2) for unit-normal q next to N(0, 3^2) for real keys, so it takes

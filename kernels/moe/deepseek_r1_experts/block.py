@@ -36,6 +36,7 @@ from typing import Any, Mapping
 import torch
 
 from kernelforge.block import Block, Counts, HarnessError, Shape, generator, random_tensor
+from kernelforge.profiles import PROMPT_TOKENS
 from kernelforge.quant.base import ActivationFormat, WeightFormat, named_parts, parts_of
 from kernelforge.quant.fp8 import Fp8BlockWeights, Fp8GroupActivations
 from kernelforge.routing import GroupRouting, grouped_topk, selection_margins
@@ -66,7 +67,7 @@ def _bf16(t: torch.Tensor) -> torch.Tensor:
 #: Token counts serving sees per MoE call (decode batches to prefill chunks), and prompt lengths of
 #: the workload profiles (one pass over the prompt).
 PRESET_TOKENS: tuple[int, ...] = (1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096)
-PREFILL_TOKENS: tuple[int, ...] = (8000, 8192, 32000, 64000, 128000)
+PREFILL_TOKENS: tuple[int, ...] = PROMPT_TOKENS
 SKEWED_TOKENS: tuple[int, ...] = (64, 4096)
 
 

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 from kernelforge.devices.hardware import Ceilings
+from kernelforge.profiles import BATCHES, PROFILES, Profile  # noqa: F401 (callers read them here too)
 # The models' costs live beside; names used by callers of this module stay importable from here.
 from kernelforge.report.mla_costs import DECODE_BLOCK as MLA_DECODE_BLOCK
 from kernelforge.report.mla_costs import MLA_MODELS
@@ -57,16 +58,6 @@ NOT_MEASURED = ("RoPE", "KV-cache writes", "embedding lookup", "sampling", "sche
 #: Estimated at the roofline, not measured (labelled as estimates in every phase).
 ESTIMATED = ("QKV and output projections", "router", "RMSNorms with residual adds", "final norm and LM head")
 
-@dataclass(frozen=True)
-class Profile:
-    """A workload profile: input (prefill) and output (decode) tokens. Its attention presets are
-    named after it (``gpt-oss/<profile>/...``, see :func:`prefill_shapes` and :func:`decode_shapes`)."""
-
-    name: str
-    input_tokens: int
-    output_tokens: int
-
-
 MODELS: dict[str, ProjectedModel] = {
     "gpt-oss-120b": Model("gpt-oss-120b", 36, "gpt-oss-120b", experts=128),
     "gpt-oss-20b": Model("gpt-oss-20b", 24, "gpt-oss-20b", experts=32),
@@ -75,18 +66,6 @@ MODELS: dict[str, ProjectedModel] = {
 #: Every block the projection reads per-call times of.
 PROJECTED_BLOCKS: tuple[str, ...] = tuple(dict.fromkeys(
     [PREFILL_BLOCK, DECODE_BLOCK, MLA_DECODE_BLOCK] + [m.moe_block for m in MODELS.values()]))
-
-PROFILES: dict[str, Profile] = {
-    "interactive": Profile("interactive", 8000, 800),
-    "rag": Profile("rag", 32000, 1200),
-    "coding": Profile("coding", 64000, 4000),
-    "long_context": Profile("long_context", 128000, 2000),
-    "8k1k": Profile("8k1k", 8192, 1024),
-}
-
-#: Serving concurrency of the decode presets (attention/gpt_oss_decode and mla_decode BATCHES).
-BATCHES: tuple[int, ...] = (1, 8, 32, 64)
-
 
 def moe_shape(model: ProjectedModel, tokens: int) -> str:
     """MoE experts preset name of a model at a token count."""
