@@ -23,6 +23,7 @@ from typing import Any, Mapping
 import torch
 
 from kernelforge.block import Block, Counts, Shape, generator, random_tensor
+from kernelforge.profiles import PROMPT_TOKENS
 
 #: Routing patterns (the ``ROUTING`` shape dimension); see :func:`make_routing`.
 ROUTINGS: tuple[str, ...] = ("uniform", "skewed", "one", "sparse")
@@ -45,7 +46,7 @@ _B2_STD = 1.0
 PRESET_TOKENS: tuple[int, ...] = (1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 #: Prompt lengths of the workload profiles (BLOCKS.md): a prefill runs the experts once over the
 #: whole prompt (sets ``<model>-prefill``; the model-level projection reads them).
-PREFILL_TOKENS: tuple[int, ...] = (8000, 8192, 32000, 64000, 128000)
+PREFILL_TOKENS: tuple[int, ...] = PROMPT_TOKENS
 #: Real model presets: name -> (E, H, I, TOPK) (BLOCKS.md, model dimensions).
 PRESETS: dict[str, tuple[int, int, int, int]] = {
     "gpt-oss-120b": (128, 2880, 2880, 4),
@@ -198,22 +199,29 @@ class GptOssExperts(Block):
     def make_output(self, shape: Shape, dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
         return torch.empty((shape["T"], shape["H"]), dtype=dtype, device=device)
 
+    def expert_weights(self, inputs: Mapping[str, Any], e: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """W1[e] [2I, H] and W2[e] [H, I] of expert ``e`` in fp32, exactly. A sibling block whose
+        weights are stored in another format (moe/gpt_oss_experts_mxfp4) dequantises here."""
+        return inputs["w1"][e].to(torch.float32), inputs["w2"][e].to(torch.float32)
+
     def reference(self, **inputs: Any) -> torch.Tensor:
         """The exact math in fp32, one expert at a time (only that expert's weights are converted,
-        so memory stays bounded at E=128, H=I=2880, T=4096); vectorised over its tokens."""
+        by :meth:`expert_weights`, so memory stays bounded at E=128, H=I=2880, T=4096); vectorised
+        over its tokens."""
         x, ids, weights = inputs["x"], inputs["topk_ids"], inputs["topk_weights"]
-        w1, b1, w2, b2 = inputs["w1"], inputs["b1"], inputs["w2"], inputs["b2"]
+        b1, b2 = inputs["b1"], inputs["b2"]
         T, H = x.shape
         out = torch.zeros((T, H), dtype=torch.float32, device=x.device)
         ids64 = ids.to(torch.int64)
         for e in torch.unique(ids64).tolist():
             tok, slot = torch.nonzero(ids64 == e, as_tuple=True)
+            w1e, w2e = self.expert_weights(inputs, e)
             xe = x[tok].to(torch.float32)
-            h = xe @ w1[e].to(torch.float32).t() + b1[e].to(torch.float32)
+            h = xe @ w1e.t() + b1[e].to(torch.float32)
             glu = h[:, 0::2].clamp(max=SWIGLU_LIMIT)
             lin = h[:, 1::2].clamp(min=-SWIGLU_LIMIT, max=SWIGLU_LIMIT)
             a = glu * torch.sigmoid(SWIGLU_ALPHA * glu) * (lin + 1.0)
-            y = a @ w2[e].to(torch.float32).t() + b2[e].to(torch.float32)
+            y = a @ w2e.t() + b2[e].to(torch.float32)
             out.index_add_(0, tok, y * weights[tok, slot].to(torch.float32)[:, None])
         return out
 
