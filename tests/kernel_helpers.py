@@ -36,3 +36,21 @@ def check_dtype(block) -> torch.dtype:
     from kernelforge.block import DTYPES
 
     return torch.float16 if "float16" in block.dtypes else DTYPES[block.dtypes[0]]
+
+
+_BLOCK_MODULES: dict[str, Any] = {}
+
+
+def load_block_module(block_id: str):
+    """A block's ``block.py`` as a module, loaded from its file (once per session), not through the
+    catalog: a broken block elsewhere cannot fail the tests of this one."""
+    if block_id not in _BLOCK_MODULES:
+        import importlib.util
+        from pathlib import Path
+
+        path = Path(__file__).resolve().parents[1] / "kernels" / block_id / "block.py"
+        spec = importlib.util.spec_from_file_location(f"kf_test_block_{block_id.replace('/', '_')}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _BLOCK_MODULES[block_id] = module
+    return _BLOCK_MODULES[block_id]

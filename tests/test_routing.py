@@ -132,15 +132,10 @@ def test_selection_margins_find_the_deciding_gap():
 
 
 def test_block_inputs_keep_every_selection_away_from_a_tie():
-    import importlib.util
-    from pathlib import Path
-
+    from kernel_helpers import load_block_module
     from kernelforge.routing import selection_margins
 
-    path = Path(__file__).resolve().parents[1] / "kernels" / "moe" / "deepseek_r1_experts" / "block.py"
-    spec = importlib.util.spec_from_file_location("kf_test_routing_block", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_block_module("moe/deepseek_r1_experts")
     block = module.GroupRoutedExperts("moe/deepseek_r1_experts")
     for shape in block.shapes("smoke") + block.shapes("check") + block.shapes("deepseek-r1/T4096"):
         logits, bias = block.router_inputs(shape, torch.Generator().manual_seed(5))

@@ -135,3 +135,9 @@ def test_catalog_discovers_fixture_blocks_and_suggests_names():
         catalog.template("toy/axpy/nope")
     with pytest.raises(UserError, match="does not exist"):
         Catalog.discover(FIXTURES / "missing")
+
+
+def test_points_in_reverse_start_from_the_grids_end():
+    template = make(constraints='["BLOCK * num_warps <= 128"]')
+    forward = list(template.space.points())
+    assert list(template.space.points(reverse=True)) == forward[::-1]

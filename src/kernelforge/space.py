@@ -214,10 +214,11 @@ class Space:
             hits += all(c.holds(point) for c in self.constraints)
         return round(self.size * hits / samples), False
 
-    def points(self) -> Iterator[dict[str, Any]]:
-        """Every point that satisfies the constraints, in grid order."""
+    def points(self, reverse: bool = False) -> Iterator[dict[str, Any]]:
+        """Every point that satisfies the constraints, in grid order (``reverse``: from the grid's
+        end, so the last point of a million-point space is found without listing the others)."""
         names = self.names
-        for combo in itertools.product(*(values for _, values in self.params)):
+        for combo in itertools.product(*(values[::-1] if reverse else values for _, values in self.params)):
             point = dict(zip(names, combo))
             if all(c.holds(point) for c in self.constraints):
                 yield point

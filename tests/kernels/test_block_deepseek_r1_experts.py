@@ -5,7 +5,6 @@ for E=256, N=2048 on Hopper)."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
@@ -14,20 +13,17 @@ import torch
 
 from kernelforge.routing import grouped_topk
 from kernelforge.template import Template
+from kernel_helpers import load_block_module
 
 REPO = Path(__file__).resolve().parents[2]
 BLOCK_ID = "moe/deepseek_r1_experts"
 BLOCK_DIR = REPO / "kernels" / BLOCK_ID
 
 
-def _load_block():
-    spec = importlib.util.spec_from_file_location("kf_test_block_deepseek_r1_experts", BLOCK_DIR / "block.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module, module.GroupRoutedExperts(BLOCK_ID)
 
 
-MODULE, BLOCK = _load_block()
+MODULE = load_block_module(BLOCK_ID)
+BLOCK = MODULE.GroupRoutedExperts(BLOCK_ID)
 BASELINE = Template.from_file(BLOCK_DIR / "baseline.py.j2", BLOCK_ID)
 SMALL = BLOCK.shapes("smoke") + BLOCK.shapes("check")
 #: vLLM get_default_config, dtype fp8_w8a8 with block_shape [128, 128], CUDA (fused_moe.py, commit 000d145).

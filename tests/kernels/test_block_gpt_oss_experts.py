@@ -3,7 +3,6 @@ interpreter (conftest enables it), and that deliberate bugs (tests/mutants) are 
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from kernelforge.devices import interpreter
 from kernelforge.block import Shape, Tolerance
 from kernelforge.template import Template
 from kernelforge.execute.compare import compare
-from kernel_helpers import module_at, run_once
+from kernel_helpers import load_block_module, module_at, run_once
 
 REPO = Path(__file__).resolve().parents[2]
 BLOCK_ID = "moe/gpt_oss_experts"
@@ -22,15 +21,10 @@ BLOCK_DIR = REPO / "kernels" / BLOCK_ID
 MUTANT_DIR = REPO / "tests" / "mutants" / BLOCK_ID
 
 
-def _load_block():
-    # Loaded directly (not through the catalog) so a broken block elsewhere cannot fail these tests.
-    spec = importlib.util.spec_from_file_location("kf_test_block_gpt_oss_experts", BLOCK_DIR / "block.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module, module.GptOssExperts(BLOCK_ID)
 
 
-MODULE, BLOCK = _load_block()
+MODULE = load_block_module(BLOCK_ID)
+BLOCK = MODULE.GptOssExperts(BLOCK_ID)
 SMOKE = BLOCK.shapes("smoke")
 CHECK = BLOCK.shapes("check")
 

@@ -5,7 +5,6 @@ values; shapes without a vLLM file get vLLM's default heuristic. Also: inputs ar
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import torch
 
 from kernelforge.block import Shape
 from kernelforge.template import Template
+from kernel_helpers import load_block_module
 
 REPO = Path(__file__).resolve().parents[2]
 BLOCK_ID = "moe/gpt_oss_experts"
@@ -31,14 +31,10 @@ DEFAULT_LARGE = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32, "GR
                  "num_warps": 4, "num_stages": 3}
 
 
-def _load_block():
-    spec = importlib.util.spec_from_file_location("kf_test_block_gpt_oss_experts_baselines", BLOCK_DIR / "block.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module, module.GptOssExperts(BLOCK_ID)
 
 
-MODULE, BLOCK = _load_block()
+MODULE = load_block_module(BLOCK_ID)
+BLOCK = MODULE.GptOssExperts(BLOCK_ID)
 BASELINE = Template.from_file(BLOCK_DIR / "baseline.py.j2", BLOCK_ID)
 #: Every shape of a model's sets (the decode-to-chunk presets and, where the block has them, prefill).
 MODEL_SHAPES = {model: [s for name, shapes in BLOCK.shape_sets().items() if name.startswith(model) for s in shapes]

@@ -5,7 +5,6 @@ interpreter, and its mutants."""
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from kernelforge.execute.verify import verify
 from kernelforge.quant.mxfp4 import dequantize
 from kernelforge.result import Status
 from kernelforge.template import Template
-from kernel_helpers import module_at
+from kernel_helpers import load_block_module, module_at
 
 REPO = Path(__file__).resolve().parents[2]
 BLOCK_ID = "moe/gpt_oss_experts_mxfp4"
@@ -27,14 +26,9 @@ BLOCK_DIR = REPO / "kernels" / BLOCK_ID
 MUTANT_DIR = REPO / "tests" / "mutants" / BLOCK_ID
 
 
-def _load_block():
-    spec = importlib.util.spec_from_file_location("kf_test_block_gpt_oss_experts_mxfp4", BLOCK_DIR / "block.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.GptOssExpertsMxfp4(BLOCK_ID)
 
 
-BLOCK = _load_block()
+BLOCK = load_block_module(BLOCK_ID).GptOssExpertsMxfp4(BLOCK_ID)
 SMOKE = BLOCK.shapes("smoke")
 CHECK = BLOCK.shapes("check")
 BASELINE = Template.from_file(BLOCK_DIR / "baseline.py.j2", BLOCK_ID)

@@ -5,7 +5,6 @@ at its decode point in the interpreter."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -20,20 +19,16 @@ from kernelforge.quant.int4 import Int4GroupWeights
 from kernelforge.result import Status
 from kernelforge.routing import GroupRouting, grouped_topk
 from kernelforge.template import Template
+from kernel_helpers import load_block_module
 
 REPO = Path(__file__).resolve().parents[2]
 BLOCK_ID = "moe/kimi_k25_experts"
 BLOCK_DIR = REPO / "kernels" / BLOCK_ID
 
 
-def _load_block():
-    spec = importlib.util.spec_from_file_location("kf_test_block_kimi_k25_experts", BLOCK_DIR / "block.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.KimiK25Experts(BLOCK_ID)
 
 
-BLOCK = _load_block()
+BLOCK = load_block_module(BLOCK_ID).KimiK25Experts(BLOCK_ID)
 BASELINE = Template.from_file(BLOCK_DIR / "baseline.py.j2", BLOCK_ID)
 
 

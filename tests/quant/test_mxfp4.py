@@ -4,17 +4,14 @@ dequantise-then-matmul in fp64 whose nibbles are unpacked by hand."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
 from kernelforge.quant import mxfp4
 from kernelforge.quant.mxfp4 import GROUP, Mxfp4Weights, ScaleRounding, dequantize, pack_codes, quantize, unpack_codes
-
-REPO = Path(__file__).resolve().parents[2]
+from kernel_helpers import load_block_module
 
 
 def test_e2m1_table_is_sign_exponent_mantissa():
@@ -134,11 +131,7 @@ def test_byte_counts_and_drawn_weights():
 
 
 def _load_block():
-    path = REPO / "kernels" / "moe" / "gpt_oss_experts_mxfp4" / "block.py"
-    spec = importlib.util.spec_from_file_location("kf_test_quant_mxfp4_block", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.GptOssExpertsMxfp4("moe/gpt_oss_experts_mxfp4")
+    return load_block_module("moe/gpt_oss_experts_mxfp4").GptOssExpertsMxfp4("moe/gpt_oss_experts_mxfp4")
 
 
 def _by_hand(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

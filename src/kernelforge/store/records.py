@@ -70,22 +70,10 @@ class Confirmation:
 
 
 @dataclass(frozen=True)
-class StoredConfirmation:
-    """One interleaved re-timing of a candidate against the baseline on one shape: ``speedups``
-    holds baseline time / candidate time per pair; median, p20 and p80 summarise them."""
+class StoredConfirmation(Confirmation):
+    """A stored :class:`Confirmation`, with its row id and when it was stored."""
 
     id: int
-    job: str
-    block: str
-    shape: str
-    dtype: str
-    candidate_id: str
-    baseline_id: str
-    env_key: str
-    speedups: tuple[float, ...]
-    median: float
-    p20: float
-    p80: float
     created: float
 
 
