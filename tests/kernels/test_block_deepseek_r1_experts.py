@@ -1,10 +1,12 @@
 """moe/deepseek_r1_experts: the model's constants, the quantised reference against a straightforward
 dequantise-then-matmul in fp64 token by token (issue 12's acceptance), the inputs, the counts, and
-the baseline at every preset (vLLM's default FP8 block-quant configuration: vLLM ships no tuned file
+the baseline at every preset: vLLM's tuned H200 file at the tensor-parallel-8 presets (read back from
+tests/fixtures/vllm/), its default FP8 block-quant configuration elsewhere (vLLM ships no tuned file
 for E=256, N=2048 on Hopper)."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -154,8 +156,32 @@ def _both(config):
     return point
 
 
-@pytest.mark.parametrize("shape", [s for shapes in BLOCK.shape_sets().values() for s in shapes], ids=lambda s: s.name)
-def test_every_shape_gets_vllms_fp8_block_default(shape):
+TP8_FILE = REPO / "tests" / "fixtures" / "vllm" / "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
+TP8_PUBLISHED = {int(k): v for k, v in json.loads(TP8_FILE.read_text()).items()}
+TP8_SHAPES = BLOCK.shapes("deepseek-r1-tp8")
+
+
+def test_tp8_presets_are_one_gpus_share_of_the_layer():
+    assert [s["T"] for s in TP8_SHAPES] == list(MODULE.PRESET_TOKENS)
+    assert all((s["E"], s["H"], s["I"], s["IS"], s["TOPK"]) == (256, 7168, 256, 256, 8) for s in TP8_SHAPES)
+    assert TP8_PUBLISHED[1]["BLOCK_SIZE_M"] == 16 and TP8_PUBLISHED[4096]["GROUP_SIZE_M"] == 16
+    assert "645d18f" in (TP8_FILE.parent / "README.md").read_text()
+
+
+@pytest.mark.parametrize("tokens", sorted({*TP8_PUBLISHED, *(s["T"] for s in TP8_SHAPES), 3, 20, 700, 5000}))
+def test_tp8_baseline_is_vllms_tuned_h200_config(tokens):
+    """vLLM picks the entry whose key is nearest to the token count (the smaller key on a tie)."""
+    shape = BLOCK.shape(f"deepseek-r1-tp8/T{tokens}", tokens, I=256, IS=256)
+    resolved = BASELINE.baseline_for(shape)
+    expected = TP8_PUBLISHED[min(sorted(TP8_PUBLISHED), key=lambda key: abs(key - tokens))]
+    assert dict(resolved.point) == _both(expected)
+    assert resolved.rule == 0 and "NVIDIA_H200,dtype=fp8_w8a8" in resolved.source and "645d18f" in resolved.source
+    assert BASELINE.space.contains(resolved.point)
+
+
+@pytest.mark.parametrize("shape", [s for shapes in BLOCK.shape_sets().values() for s in shapes if s["I"] != 256],
+                         ids=lambda s: s.name)
+def test_every_other_shape_gets_vllms_fp8_block_default(shape):
     resolved = BASELINE.baseline_for(shape)
     assert dict(resolved.point) == _both(VLLM_FP8_BLOCK_DEFAULT)
     assert resolved.rule is None

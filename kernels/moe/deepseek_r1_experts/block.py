@@ -84,6 +84,8 @@ class GroupRoutedExperts(Block):
     model = "deepseek-r1"
     experts, topk, groups, topk_groups, scaling = 256, 8, 8, 4, 2.5
     hidden, intermediate, shared_intermediate = 7168, 2048, 2048
+    #: The tensor parallelism of the ``<model>-tp<N>`` presets: one GPU of an 8-GPU node.
+    tensor_parallel = 8
     routed_format: WeightFormat = Fp8BlockWeights()
     shared_format: WeightFormat = Fp8BlockWeights()
     activations: ActivationFormat = Fp8GroupActivations()
@@ -120,6 +122,11 @@ class GroupRoutedExperts(Block):
         sets[m] = [self.shape(f"{m}/T{t}", t) for t in PRESET_TOKENS]
         sets[f"{m}-prefill"] = [self.shape(f"{m}/T{t}", t) for t in PREFILL_TOKENS]
         sets[f"{m}-skewed"] = [self.shape(f"{m}/T{t}-skewed", t, routing="skewed") for t in SKEWED_TOKENS]
+        # One GPU's share of the layer at tensor parallel TP (every expert, intermediate sizes / TP):
+        # how a node serves the model, and the shape serving stacks tune their kernels for.
+        tp = self.tensor_parallel
+        sets[f"{m}-tp{tp}"] = [self.shape(f"{m}-tp{tp}/T{t}", t, I=self.intermediate // tp,
+                                          IS=self.shared_intermediate // tp) for t in PRESET_TOKENS]
         return sets
 
     def compile_shape(self) -> Shape:
