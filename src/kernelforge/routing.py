@@ -49,6 +49,20 @@ class GroupRouting:
             raise ValueError(f"top-{self.topk} cannot be chosen from {self.topk_groups} groups of {per_group}")
 
 
+def _limit_groups(biased: torch.Tensor, routing: GroupRouting) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The group stage: every expert of a dropped group masked with -inf in the biased scores
+    [T, E], and the group scores [T, G] (the sum of each group's 2 best; None with one group)."""
+    if routing.groups == 1:
+        return biased, None
+    T, E = biased.shape
+    grouped = biased.view(T, routing.groups, E // routing.groups)
+    group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+    keep = group_scores.topk(routing.topk_groups, dim=-1).indices
+    dropped = torch.ones(T, routing.groups, dtype=torch.bool, device=biased.device)
+    dropped.scatter_(1, keep, False)
+    return grouped.masked_fill(dropped[:, :, None], float("-inf")).view(T, E), group_scores
+
+
 def grouped_topk(logits: torch.Tensor, correction_bias: torch.Tensor,
                  routing: GroupRouting) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids [T, TOPK] int64, weights [T, TOPK] fp32) for router ``logits`` [T, E] and the
@@ -58,14 +72,7 @@ def grouped_topk(logits: torch.Tensor, correction_bias: torch.Tensor,
     if E != routing.experts:
         raise ValueError(f"logits have {E} experts, the routing {routing.experts}")
     scores = torch.sigmoid(logits.to(torch.float32))
-    biased = scores + correction_bias.to(torch.float32)[None, :]
-    if routing.groups > 1:
-        grouped = biased.view(T, routing.groups, E // routing.groups)
-        group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
-        keep = group_scores.topk(routing.topk_groups, dim=-1).indices
-        dropped = torch.ones(T, routing.groups, dtype=torch.bool, device=logits.device)
-        dropped.scatter_(1, keep, False)
-        biased = grouped.masked_fill(dropped[:, :, None], float("-inf")).view(T, E)
+    biased, _ = _limit_groups(scores + correction_bias.to(torch.float32)[None, :], routing)
     ids = biased.topk(routing.topk, dim=-1).indices
     weights = scores.gather(1, ids)
     weights = weights / weights.sum(dim=-1, keepdim=True) * routing.scaling
@@ -77,18 +84,13 @@ def selection_margins(logits: torch.Tensor, correction_bias: torch.Tensor, routi
     the first dropped group's score, and between the TOPK-th and the next biased score among the
     kept groups (inf where nothing competes). A kernel whose sigmoid differs from torch's by an ulp
     or two picks the same experts wherever this gap is larger than that."""
-    T, E = logits.shape
+    T = logits.shape[0]
     biased = torch.sigmoid(logits.to(torch.float32)) + correction_bias.to(torch.float32)[None, :]
+    biased, group_scores = _limit_groups(biased, routing)
     margin = torch.full((T,), float("inf"), dtype=torch.float32, device=logits.device)
-    if routing.groups > 1:
-        grouped = biased.view(T, routing.groups, E // routing.groups)
-        ranked = grouped.topk(2, dim=-1).values.sum(dim=-1).sort(dim=-1, descending=True).values
-        if routing.topk_groups < routing.groups:
-            margin = ranked[:, routing.topk_groups - 1] - ranked[:, routing.topk_groups]
-        keep = grouped.topk(2, dim=-1).values.sum(dim=-1).topk(routing.topk_groups, dim=-1).indices
-        dropped = torch.ones(T, routing.groups, dtype=torch.bool, device=logits.device)
-        dropped.scatter_(1, keep, False)
-        biased = grouped.masked_fill(dropped[:, :, None], float("-inf")).view(T, E)
+    if group_scores is not None and routing.topk_groups < routing.groups:
+        ranked = group_scores.sort(dim=-1, descending=True).values
+        margin = ranked[:, routing.topk_groups - 1] - ranked[:, routing.topk_groups]
     candidates = int(torch.isfinite(biased[0]).sum()) if T else 0
     if routing.topk < candidates:
         top = biased.topk(routing.topk + 1, dim=-1).values

@@ -31,6 +31,7 @@ attribute; ``kernels/moe/kimi_k25_experts`` subclasses it with Kimi's.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Mapping
 
 import torch
@@ -252,7 +253,12 @@ class GroupRoutedExperts(Block):
     def expected_experts(self, shape: Shape) -> float:
         """Expected distinct routed experts one call touches (their weights are read once):
         sum_e 1 - (1 - q_e)^T, with each expert's per-token inclusion probability q_e estimated
-        from 4096 tokens of the shape's routing pattern with a fixed seed (deterministic)."""
+        from 4096 tokens of the shape's routing pattern with a fixed seed (deterministic). Computed
+        once per block class and shape: :meth:`counts` runs on every evaluation and timing round."""
+        return _expected_experts(type(self), shape)
+
+    def sample_expected_experts(self, shape: Shape) -> float:
+        """:meth:`expected_experts` without the cache."""
         sample = Shape.of("sample", **{**shape.as_dict(), "T": 4096})
         logits, bias = self.router_inputs(sample, generator(0))
         ids, _ = grouped_topk(logits, bias, self.routing_of(shape))
@@ -271,3 +277,8 @@ class GroupRoutedExperts(Block):
         shared = self.shared_format.nbytes(2 * IS, H) + self.shared_format.nbytes(H, IS)
         nbytes = self.expected_experts(shape) * routed + shared + 2.0 * T * H * elt + 4.0 * (T * E + E)
         return Counts(flops=flops, bytes=nbytes)
+
+
+@functools.lru_cache(maxsize=1024)
+def _expected_experts(block_type: type, shape: Shape) -> float:
+    return block_type("cache").sample_expected_experts(shape)
