@@ -175,7 +175,7 @@ class GroupRoutedExperts(Block):
         elif routing != "uniform":
             raise ValueError(f"unknown routing {routing!r}; choose from {', '.join(ROUTINGS)}")
         logits = torch.randn(T, E, generator=gen, dtype=torch.float32) + offsets
-        rule = GroupRouting(E, topk, G, shape["KG"], self.scaling)
+        rule = self.routing_of(shape)
         for _ in range(_MAX_REDRAWS):
             close = torch.nonzero(selection_margins(logits, bias, rule) < SELECTION_MARGIN).flatten()
             if close.numel() == 0:
