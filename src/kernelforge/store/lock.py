@@ -1,10 +1,12 @@
-"""One search per job at a time: the job lock (a kf_locks row), its heartbeat, and the take-over of
-a dead holder's lock.
+"""The job lock (a kf_locks row), its heartbeat, the take-over of a dead holder's lock, and the
+liveness check of a process that locks and claims name.
 
-A second search of a job refuses with a message naming the holder while it is alive, and takes the
-lock over when it is dead (same host: the pid is gone, a zombie, or reused by another process;
-another host: no heartbeat for LOCK_STALE_S seconds). Searches of other jobs in the same database
-are not affected.
+Several workers search one job together (:mod:`kernelforge.store.ledger`); the lock names the lead
+among them: the worker that runs the job's proposer and confirms the winners at the end.
+:func:`take_job_lock` takes it when it is free or its holder is dead (same host: the pid is gone,
+a zombie, or reused by another process; another host: no heartbeat for LOCK_STALE_S seconds) and
+otherwise returns the live holder; :func:`acquire_job_lock` refuses with a message naming it.
+Other jobs in the same database are not affected.
 """
 
 from __future__ import annotations
@@ -78,12 +80,28 @@ def acquire_job_lock(engine: Engine, url: str, job: str) -> JobLock:
     A dead holder's lock (same host: its pid is gone or was reused; another host: no heartbeat
     for LOCK_STALE_S seconds) is taken over. Re-entrant for the holding process.
     """
+    got = take_job_lock(engine, job)
+    if isinstance(got, JobLock):
+        return got
+    where = redact_url(url)  # messages name the database, never its password
+    if got is None:
+        raise UserError(f"job {job!r}: could not take its lock in {where} (another search is starting); retry")
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(got.started))
+    raise UserError(
+        f"job {job!r} is being searched by process {got.pid} on host {got.host} (since {since}) "
+        f"in {where}; wait for it to finish or stop it (a killed search's lock is taken over "
+        "automatically), or give this run another job name or --storage"
+    )
+
+
+def take_job_lock(engine: Engine, job: str) -> JobLock | LockHolder | None:
+    """Take the lock of ``job`` if it is free or its holder dead: the held JobLock; else the live
+    holder's row (None when it changed hands three times in a row: someone else is starting)."""
     metadata.create_all(engine, tables=[locks_table])
-    me, host, pid = _holder_identity()
+    me, host, pid = process_identity()
     now = time.time()
     row = redact_data({"job": job, "holder": me, "host": host, "pid": pid, "started": now, "heartbeat": now})
     me = row["holder"]  # as stored: every later comparison is with the stored row
-    where = redact_url(url)  # messages name the database, never its password
     for _ in range(3):
         try:
             with engine.begin() as conn:
@@ -97,18 +115,13 @@ def acquire_job_lock(engine: Engine, url: str, job: str) -> JobLock:
         if held.holder == me:
             return JobLock(engine, job, me, taken_over=None)
         if holder_alive(held):
-            since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(held.started))
-            raise UserError(
-                f"job {job!r} is being searched by process {held.pid} on host {held.host} (since {since}) "
-                f"in {where}; wait for it to finish or stop it (a killed search's lock is taken over "
-                "automatically), or give this run another job name or --storage"
-            )
+            return held
         with engine.begin() as conn:
             taken = conn.execute(locks_table.update().where(
                 (locks_table.c.job == job) & (locks_table.c.holder == held.holder)).values(**row))
         if taken.rowcount == 1:
             return JobLock(engine, job, me, taken_over=f"process {held.pid} on {held.host}")
-    raise UserError(f"job {job!r}: could not take its lock in {where} (another search is starting); retry")
+    return None
 
 
 def job_lock(engine: Engine, job: str) -> LockHolder | None:
@@ -122,9 +135,17 @@ def job_lock(engine: Engine, job: str) -> LockHolder | None:
 def holder_alive(held: LockHolder) -> bool:
     """Whether the process holding a lock still runs (on another host: whether its heartbeat is
     recent). A zombie or a reused pid counts as dead."""
-    if held.host != socket.gethostname():
-        return time.time() - float(held.heartbeat) < LOCK_STALE_S
-    pid = int(held.pid)
+    return process_alive(held.holder, held.host, int(held.pid), float(held.heartbeat), LOCK_STALE_S)
+
+
+def process_alive(identity: str, host: str, pid: int, heartbeat: float, stale_s: float) -> bool:
+    """Whether the process ``identity`` (:func:`process_identity`: host:pid:start time) still runs.
+
+    On this host the pid is checked: gone, a zombie, or reused by another process (its start time
+    differs) is dead. On another host only the heartbeat can tell: older than ``stale_s`` is dead.
+    """
+    if host != socket.gethostname():
+        return time.time() - heartbeat < stale_s
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -137,7 +158,7 @@ def holder_alive(held: LockHolder) -> bool:
                 return False  # killed, not yet reaped by its parent
     except (OSError, IndexError):
         pass
-    started = str(held.holder).rsplit(":", 1)[-1]
+    started = str(identity).rsplit(":", 1)[-1]
     return not started or _process_start(pid) in ("", started)
 
 
@@ -152,6 +173,7 @@ def _process_start(pid: int) -> str:
         return ""
 
 
-def _holder_identity() -> tuple[str, str, int]:
+def process_identity() -> tuple[str, str, int]:
+    """This process as locks and claims name it: (host:pid:start time, host, pid)."""
     host, pid = socket.gethostname(), os.getpid()
     return f"{host}:{pid}:{_process_start(pid)}", host, pid

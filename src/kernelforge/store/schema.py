@@ -7,9 +7,11 @@ left alone.
 
 from __future__ import annotations
 
+import time
+
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
+from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError, ProgrammingError
 
 from kernelforge.errors import UserError
 from kernelforge.redact import redact, redact_url
@@ -19,10 +21,22 @@ APPLICATION = "kernelforge"
 
 metadata = sa.MetaData()
 
+
+class SafeText(sa.types.TypeDecorator):
+    """Text that every database stores: PostgreSQL refuses NUL characters in text, which SQLite
+    keeps, and a compiler message or a model's answer may hold one; it is stored as U+FFFD."""
+
+    impl = sa.Text
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        return value.replace("\x00", "\ufffd") if isinstance(value, str) else value
+
+
 meta_table = sa.Table(
     "kf_meta", metadata,
     sa.Column("key", sa.String(64), primary_key=True),
-    sa.Column("value", sa.Text, nullable=False),
+    sa.Column("value", SafeText, nullable=False),
 )
 
 candidates_table = sa.Table(
@@ -30,10 +44,10 @@ candidates_table = sa.Table(
     sa.Column("id", sa.String(32), primary_key=True),
     sa.Column("block", sa.String(200), nullable=False, index=True),
     sa.Column("template", sa.String(300), nullable=False),
-    sa.Column("params", sa.Text, nullable=False),  # JSON object, in space order
+    sa.Column("params", SafeText, nullable=False),  # JSON object, in space order
     sa.Column("origin", sa.String(32), nullable=False),
     sa.Column("parent", sa.String(32)),
-    sa.Column("source", sa.Text, nullable=False),
+    sa.Column("source", SafeText, nullable=False),
     sa.Column("job", sa.String(200)),
     sa.Column("created", sa.Float, nullable=False),
 )
@@ -44,8 +58,8 @@ compiles_table = sa.Table(
     sa.Column("target", sa.String(32), primary_key=True),
     sa.Column("dtype", sa.String(16), primary_key=True),
     sa.Column("status", sa.String(32), nullable=False),
-    sa.Column("message", sa.Text, nullable=False, default=""),
-    sa.Column("kernels", sa.Text, nullable=False, default="[]"),  # JSON list of per-kernel resources
+    sa.Column("message", SafeText, nullable=False, default=""),
+    sa.Column("kernels", SafeText, nullable=False, default="[]"),  # JSON list of per-kernel resources
     sa.Column("created", sa.Float, nullable=False),
 )
 
@@ -66,12 +80,12 @@ results_table = sa.Table(
     sa.Column("p80_s", sa.Float),
     sa.Column("samples", sa.Integer),
     sa.Column("timing_method", sa.String(32)),
-    sa.Column("timing_label", sa.Text),
+    sa.Column("timing_label", SafeText),
     sa.Column("joules", sa.Float),
     sa.Column("flops", sa.Float),
     sa.Column("bytes", sa.Float),
-    sa.Column("message", sa.Text, nullable=False, default=""),
-    sa.Column("env", sa.Text, nullable=False),  # JSON: device, versions, clocks
+    sa.Column("message", SafeText, nullable=False, default=""),
+    sa.Column("env", SafeText, nullable=False),  # JSON: device, versions, clocks
     sa.Column("job", sa.String(200)),
     sa.Column("created", sa.Float, nullable=False),
     sa.UniqueConstraint("candidate_id", "shape", "dtype", "env_key", name="uq_result"),
@@ -88,7 +102,7 @@ confirmations_table = sa.Table(
     sa.Column("candidate_id", sa.String(32), sa.ForeignKey("kf_candidates.id"), nullable=False),
     sa.Column("baseline_id", sa.String(32), sa.ForeignKey("kf_candidates.id"), nullable=False),
     sa.Column("env_key", sa.String(32), nullable=False),
-    sa.Column("speedups", sa.Text, nullable=False),  # JSON list: baseline/candidate per interleaved pair
+    sa.Column("speedups", SafeText, nullable=False),  # JSON list: baseline/candidate per interleaved pair
     sa.Column("median", sa.Float, nullable=False),
     sa.Column("p20", sa.Float, nullable=False),
     sa.Column("p80", sa.Float, nullable=False),
@@ -102,7 +116,7 @@ templates_table = sa.Table(
     "kf_templates", metadata,
     sa.Column("id", sa.String(300), primary_key=True),  # <block>/llm_<hash of text>
     sa.Column("block", sa.String(200), nullable=False, index=True),
-    sa.Column("text", sa.Text, nullable=False),
+    sa.Column("text", SafeText, nullable=False),
     sa.Column("origin", sa.String(32), nullable=False),
     sa.Column("parent", sa.String(32)),  # the candidate the model was asked to improve on
     sa.Column("call_seq", sa.Integer),  # kf_llm_calls.seq of the response that wrote it
@@ -129,28 +143,72 @@ llm_calls_table = sa.Table(
     sa.Column("parent", sa.String(32)),
     sa.Column("depth", sa.Integer, nullable=False, default=0),
     sa.Column("model", sa.String(200), nullable=False),
-    sa.Column("base_url", sa.Text, nullable=False),
-    sa.Column("request", sa.Text, nullable=False),  # JSON: messages and sampling parameters
+    sa.Column("base_url", SafeText, nullable=False),
+    sa.Column("request", SafeText, nullable=False),  # JSON: messages and sampling parameters
     sa.Column("request_hash", sa.String(32), nullable=False, index=True),
-    sa.Column("response", sa.Text),
-    sa.Column("finish_reason", sa.String(32)),
+    sa.Column("response", SafeText),
+    sa.Column("finish_reason", SafeText),  # the server's word: any length
     sa.Column("status", sa.String(32), nullable=False),  # of this attempt: ok, rate_limited, ...
     sa.Column("http_status", sa.Integer),
-    sa.Column("error", sa.Text),
+    sa.Column("error", SafeText),
     sa.Column("prompt_tokens", sa.Integer),
     sa.Column("completion_tokens", sa.Integer),
     sa.Column("latency_s", sa.Float),
     sa.Column("tick", sa.Integer, nullable=False, default=0),
     sa.Column("kind", sa.String(32)),
-    sa.Column("message", sa.Text),  # what was wrong with the response, for the record
+    sa.Column("message", SafeText),  # what was wrong with the response, for the record
     sa.Column("template_id", sa.String(300)),
     sa.Column("candidate_id", sa.String(32)),
-    sa.Column("replayed_from", sa.Text),
+    sa.Column("replayed_from", SafeText),
     sa.Column("created", sa.Float, nullable=False),
 )
 
+# The shared ledger of the workers of one job (kernelforge.store.ledger). kf_workers: one row per
+# running worker (its identity, as the lock's, and its heartbeat). kf_budgets: per study, the
+# evaluations it may spend and how many have been granted to claims (a conditional update grants
+# one atomically). kf_claims: who evaluates which candidate on which shape group under which
+# environment; unique, so nothing is evaluated twice; ``state`` is claimed until its results are
+# stored, then done. kf_finished: a job confirmed under an environment, so a rerun knows it is complete.
+workers_table = sa.Table(
+    "kf_workers", metadata,
+    sa.Column("job", sa.String(200), primary_key=True),
+    sa.Column("worker", sa.String(300), primary_key=True),  # host:pid:process start time
+    sa.Column("host", sa.String(200), nullable=False),
+    sa.Column("pid", sa.Integer, nullable=False),
+    sa.Column("started", sa.Float, nullable=False),
+    sa.Column("heartbeat", sa.Float, nullable=False),
+)
+
+budgets_table = sa.Table(
+    "kf_budgets", metadata,
+    sa.Column("job", sa.String(200), primary_key=True),
+    sa.Column("study", sa.String(400), primary_key=True),
+    sa.Column("budget", sa.Integer, nullable=False),
+    sa.Column("granted", sa.Integer, nullable=False),
+)
+
+claims_table = sa.Table(
+    "kf_claims", metadata,
+    sa.Column("job", sa.String(200), primary_key=True),
+    sa.Column("env_key", sa.String(32), primary_key=True),
+    sa.Column("candidate_id", sa.String(32), primary_key=True),
+    sa.Column("shapes", SafeText, primary_key=True),  # the shape group's names, comma-joined
+    sa.Column("study", sa.String(400), nullable=False),
+    sa.Column("point", SafeText, nullable=False),  # JSON object: the study's point of the candidate
+    sa.Column("worker", sa.String(300), nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),  # claimed | done
+    sa.Column("claimed", sa.Float, nullable=False),
+)
+
+finished_table = sa.Table(
+    "kf_finished", metadata,
+    sa.Column("job", sa.String(200), primary_key=True),
+    sa.Column("env_key", sa.String(32), primary_key=True),
+    sa.Column("finished", sa.Float, nullable=False),
+)
+
 #: Tables added after schema version 1 without changing it: created on open when missing.
-ADDED_TABLES = (templates_table, llm_calls_table)
+ADDED_TABLES = (templates_table, llm_calls_table, workers_table, budgets_table, claims_table, finished_table)
 
 
 # One row per job while a search runs it: who holds it (host, pid and the process's start time, so
@@ -214,18 +272,29 @@ def open_schema(engine: Engine, url: str, create: bool) -> bool:
 
 
 def create_schema(engine: Engine, url: str) -> None:
-    """Create every table and stamp kf_meta (a concurrent creator wins harmlessly)."""
+    """Create every table and stamp kf_meta. Workers starting together on a new database race to
+    create it: a table created by another between the check and the CREATE is that one's, so the
+    creation is retried (each retry skips what exists)."""
+    for attempt in range(5):
+        try:
+            metadata.create_all(engine)
+            break
+        except (OperationalError, ProgrammingError, IntegrityError) as exc:
+            if "already exists" not in str(exc.orig) and not isinstance(exc, IntegrityError):
+                raise UserError(f"storage {redact_url(url)}: cannot create tables ({redact(str(exc.orig))}); "
+                                "is the folder writable?") from None
+            if attempt == 4:
+                raise UserError(f"storage {redact_url(url)}: cannot create tables ({redact(str(exc.orig))}); "
+                                "another process keeps changing them; retry") from None
+            time.sleep(0.1 * (attempt + 1))
     try:
-        metadata.create_all(engine)
         with engine.begin() as conn:
             conn.execute(meta_table.insert(), [
                 {"key": "application", "value": APPLICATION},
                 {"key": "schema_version", "value": str(SCHEMA_VERSION)},
             ])
     except IntegrityError:
-        pass  # another worker created it at the same moment
-    except OperationalError as exc:
-        raise UserError(f"storage {redact_url(url)}: cannot create tables ({redact(str(exc.orig))}); is the folder writable?") from None
+        pass  # another worker stamped it at the same moment
 
 
 def add_missing_tables(engine: Engine) -> None:

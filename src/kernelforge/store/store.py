@@ -16,7 +16,8 @@ A source stored that way differs from the one that ran (its id is the hash of th
 The pieces: :mod:`~kernelforge.store.schema` (tables; foreign, damaged and newer databases are
 refused untouched), :mod:`~kernelforge.store.engine` (SQLite settings, write failures),
 :mod:`~kernelforge.store.records` (what the queries return), :mod:`~kernelforge.store.llm_log`
-(the LLM call log) and :mod:`~kernelforge.store.lock` (one search per job at a time).
+(the LLM call log), :mod:`~kernelforge.store.ledger` (the workers of a job, their claims and
+shared budgets) and :mod:`~kernelforge.store.lock` (the lead worker's lock).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from kernelforge.redact import redact_data, register_url
 from kernelforge.result import StoredResult
 from kernelforge.store import llm_log, lock
 from kernelforge.store.engine import enable_sqlite_pragmas, make_engine
+from kernelforge.store.ledger import Ledger
 from kernelforge.store.lock import JobLock
 from kernelforge.store.records import (Confirmation, LLMCall, LLMUsage, LockHolder, StoreCounts, StoredCandidate, StoredCompile,
                                        StoredConfirmation, StoredTemplate, candidate_record, compile_record,
@@ -119,7 +121,8 @@ class Store:
         if not ids:
             return []
         query = (sa.select(compiles_table).where(compiles_table.c.candidate_id.in_(ids))
-                 .where(compiles_table.c.dtype == dtype).order_by(compiles_table.c.target))
+                 .where(compiles_table.c.dtype == dtype)
+                 .order_by(compiles_table.c.target, compiles_table.c.candidate_id))
         with self.engine.connect() as conn:
             return [compile_record(r) for r in conn.execute(query).mappings()]
 
@@ -240,9 +243,19 @@ class Store:
         (a dead holder's lock is taken over; re-entrant for the holding process)."""
         return lock.acquire_job_lock(self.engine, self.url, job)
 
+    def take_job_lock(self, job: str) -> JobLock | LockHolder | None:
+        """Take the lock of ``job`` if free or its holder is dead; else the live holder's row (None:
+        it changed hands under us). The lead of a job's workers holds it."""
+        return lock.take_job_lock(self.engine, job)
+
     def job_lock(self, job: str) -> LockHolder | None:
         """The lock row of ``job``, or None."""
         return lock.job_lock(self.engine, job)
+
+    def ledger(self, job: str, env_key_: str) -> Ledger:
+        """This process's place among the workers of ``job`` under ``env_key_``
+        (:mod:`kernelforge.store.ledger`)."""
+        return Ledger(self.engine, job, env_key_)
 
 
 def _finite(value: float | None) -> float | None:
