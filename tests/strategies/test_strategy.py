@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import time
 
 import pytest
 
@@ -164,21 +165,33 @@ def test_missing_cmaes_names_the_package():
 
 
 @pytest.mark.skipif(not HAS_OPTUNA, reason="needs optuna")
-def test_resume_from_sqlite(tmp_path):
+def test_resume_from_sqlite_leaves_a_live_trial_alone_and_fails_a_stale_one(tmp_path, monkeypatch):
     import optuna
 
+    from kernelforge.strategies import optuna_storage
+
+    # Beats every second, stale after two (the real values are 10 s and 60 s).
+    monkeypatch.setattr(optuna_storage, "TRIAL_HEARTBEAT_S", 1)
+    monkeypatch.setattr(optuna_storage, "TRIAL_GRACE_S", 2)
     url = f"sqlite:///{tmp_path / 'study.db'}"
     first = make_strategy("tpe", SPACE, seed=0, baseline=BASELINE, storage=url, study_name="s")
     told = drive(first, 8)
     assert told[0] == tuple(BASELINE.values())
-    left_running = first.ask()  # the process "dies" with this one being evaluated
+    left_running = first.ask()  # being evaluated by the first worker
     assert left_running is not None
 
+    def states():
+        return [t.state for t in optuna.load_study(study_name="s", storage=url).trials]
+
     second = make_strategy("tpe", SPACE, seed=1, baseline=BASELINE, storage=url, study_name="s")
-    study = optuna.load_study(study_name="s", storage=url)
-    states = [t.state for t in study.trials]
-    assert optuna.trial.TrialState.RUNNING not in states
-    assert optuna.trial.TrialState.FAIL in states
+    assert optuna.trial.TrialState.RUNNING in states()  # a live peer's trial is its own
+    first.heartbeat()
+    second.heartbeat()
+    assert optuna.trial.TrialState.RUNNING in states()  # still beating
+    time.sleep(3)  # the first worker "dies": its trial's heartbeat goes stale (no assertion on time)
+    second.heartbeat()
+    assert optuna.trial.TrialState.RUNNING not in states()
+    assert optuna.trial.TrialState.FAIL in states()
     assert set(second.known) == set(told)
     more = drive(second, 10)
     assert len(more) == 10

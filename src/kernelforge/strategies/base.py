@@ -97,6 +97,15 @@ class Strategy(ABC):
         value. A point outside the space raises ValueError.
         """
 
+    def withdraw(self, point: Mapping[str, Any]) -> None:
+        """Forget an asked point that will not be evaluated (a peer's budget took it, or the search
+        stopped): no longer pending, not known, so it may be asked again. Not an evaluation."""
+        self.pending.discard(self.key(point))
+
+    def heartbeat(self) -> None:
+        """Say, from the worker's heartbeat thread, that the asked points are still being
+        evaluated (a strategy whose state other workers share; nothing to do for the others)."""
+
     # Helpers shared by the implementations -------------------------------------------------
 
     def _ask_baseline_once(self) -> dict | None:

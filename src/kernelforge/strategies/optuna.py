@@ -14,6 +14,7 @@ from typing import Any, Mapping
 from kernelforge.errors import UserError
 from kernelforge.space import Space
 from kernelforge.strategies.base import Key, Strategy, clean_value
+from kernelforge.strategies.optuna_storage import TrialBeats, shared_storage
 
 #: Sampler names accepted by :class:`OptunaStrategy` (the strategy names that use them are in
 #: :mod:`kernelforge.strategies.names`).
@@ -40,8 +41,9 @@ class OptunaStrategy(Strategy):
     the default, only ranks values, so the magnitude does not matter to it.
 
     With ``storage`` (an Optuna storage or URL) and ``study_name``, the study is created or loaded:
-    its completed trials seed the table of known points (so nothing told before is asked again),
-    and trials left RUNNING by a killed process are marked FAIL so they count for nothing.
+    its completed trials seed the table of known points (so nothing told before is asked again).
+    A storage given as a URL is shared with the job's other workers: its trials carry heartbeats,
+    and a killed worker's RUNNING trials are failed once stale (:mod:`~.optuna_storage`).
     """
 
     name = "optuna"
@@ -80,6 +82,8 @@ class OptunaStrategy(Strategy):
         self._choices = {name: _choices(values) for name, values in space.params}
         self._sampler = _make_sampler(optuna, sampler, seed, space, self._choices, dict(sampler_options or {}))
         try:
+            if isinstance(storage, str):
+                storage = shared_storage(optuna, storage)
             self.study = optuna.create_study(
                 storage=storage,
                 sampler=self._sampler,
@@ -93,6 +97,7 @@ class OptunaStrategy(Strategy):
                 "check the storage URL, or use a new study name"
             ) from exc
         self._shared = storage is not None  # other workers may write to the study
+        self._beats = TrialBeats(optuna, storage, self.study)
         self._trials: dict[Key, Any] = {}  # pending key -> optuna Trial
         self._seen_trials: set[int] = set()
         self._worst: float | None = None
@@ -153,8 +158,9 @@ class OptunaStrategy(Strategy):
     # History -----------------------------------------------------------------------------------
 
     def _resume(self) -> None:
-        """Read the study's trials: completed ones become known points; RUNNING ones are failed."""
-        TrialState = self._optuna.trial.TrialState
+        """Check the study's space and read its completed trials as known points. Trials left
+        RUNNING are not touched: a live peer's are its own, and a killed worker's are failed by
+        their stale heartbeat (:mod:`kernelforge.strategies.optuna_storage`)."""
         ours = self._distributions()
         for frozen in self.study.get_trials(deepcopy=False):
             for name, dist in frozen.distributions.items():
@@ -164,11 +170,6 @@ class OptunaStrategy(Strategy):
                         f"Optuna study {self.study.study_name!r} was made for another search space "
                         f"(parameter {name}: {dist} there, {ours[name]} now); use a new study name"
                     )
-            if frozen.state == TrialState.RUNNING:
-                # Left by a killed process (or, with a shared storage, by a live worker: that
-                # worker's later tell then fails for that one trial; see tell()).
-                self.study.tell(frozen.number, state=TrialState.FAIL, skip_if_finished=True)
-                self._seen_trials.add(frozen.number)
         self._absorb()
 
     def _absorb(self) -> None:
@@ -208,9 +209,10 @@ class OptunaStrategy(Strategy):
             trial.set_user_attr("value", value)
             self.study.tell(trial, told)
         except self._optuna.exceptions.UpdateFinishedTrialError:
-            # Another worker resuming the shared study marked this trial FAIL while it ran: keep
-            # the observation as a new completed trial.
+            # Failed as stale while it ran (this worker's heartbeats stopped for longer than the
+            # grace period): keep the observation as a new completed trial.
             self._add(point, value, status)
+        self._beats.drop(trial.number)
         self._seen_trials.add(trial.number)
 
     def _add(self, point: Mapping[str, Any], value: float | None, status: str) -> None:
@@ -255,6 +257,7 @@ class OptunaStrategy(Strategy):
             else:
                 self.pending.add(key)
                 self._trials[key] = trial
+                self._beats.hold(trial.number)
                 return point
             self.free_tells += 1
             wasted += 1
@@ -270,6 +273,21 @@ class OptunaStrategy(Strategy):
             return False
         self.study.enqueue_trial(self._encode(point), skip_if_exists=True)
         return True
+
+    def withdraw(self, point: Mapping[str, Any]) -> None:
+        """An asked point that will not be evaluated: its trial is closed FAIL (ignored by the
+        samplers), and the point may be asked again."""
+        key = self.key(point)
+        trial = self._trials.pop(key, None)
+        super().withdraw(point)
+        if trial is not None:
+            self._beats.drop(trial.number)
+            self.study.tell(trial, state=self._optuna.trial.TrialState.FAIL, skip_if_finished=True)
+            self._seen_trials.add(trial.number)
+
+    def heartbeat(self) -> None:
+        """Beat for this strategy's RUNNING trials and fail the shared study's stale ones."""
+        self._beats.beat()
 
     def _unasked(self) -> Key | None:
         """A valid point neither known nor pending, drawn at random; None when there is none."""
