@@ -12,3 +12,8 @@ class UserError(Exception):
 
 class TemplateError(UserError):
     """A template that cannot be parsed, validated or rendered."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived (:mod:`kernelforge.cli.signals`): stop as for Ctrl-C (every handler of
+    KeyboardInterrupt applies), and exit with 143 instead of 130."""

@@ -181,7 +181,7 @@ def test_random_sigkills_then_a_finish_equal_an_uninterrupted_run(tmp_path):
 # -- two searches on one database ----------------------------------------------------------------
 
 
-def test_a_second_search_of_a_job_refuses_while_the_first_lives_and_takes_over_when_it_died(tmp_path):
+def test_the_job_lock_names_a_live_lead_and_is_taken_over_when_it_died(tmp_path):
     url = f"sqlite:///{tmp_path / 'kf.db'}"
     store = Store(url)
     holder = subprocess.Popen(
@@ -192,12 +192,19 @@ def test_a_second_search_of_a_job_refuses_while_the_first_lives_and_takes_over_w
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(UserError, match=rf"job 'toy' is being searched by process {holder.pid} on host"):
             store.acquire_job_lock("toy")
+        assert store.take_job_lock("toy").pid == holder.pid  # the live lead's row, not a lock
         other = store.acquire_job_lock("another-job")  # jobs do not block each other
         other.release()
+        # A search of the job while a live lead holds its lock works beside it, as a worker: it
+        # evaluates its share and leaves the confirmation to the lead.
         result = CliRunner().invoke(main, ["--kernels", str(FIXTURES), "search", str(job_file(tmp_path)),
-                                           "--storage", url, "--no-compile", "--progress", "quiet"],
+                                           "--storage", url, "--no-compile", "--progress", "jsonl", "--no-report"],
                                     catch_exceptions=False)
-        assert result.exit_code == 2 and f"being searched by process {holder.pid}" in result.output
+        assert result.exit_code == 0, result.output
+        assert "the lead worker confirms" in result.output
+        assert rows(tmp_path / "kf.db", "select count(*) from kf_confirmations") == [(0,)]
+        (evaluated,), = rows(tmp_path / "kf.db", "select count(distinct candidate_id) from kf_results")
+        assert evaluated > 1  # the baseline and the search's own candidates
     finally:
         holder.kill()
         holder.wait()

@@ -11,6 +11,7 @@ warning and traceback of every command is masked.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import click
@@ -21,14 +22,39 @@ from kernelforge.cli.common import err_console
 from kernelforge.cli.inspect import blocks, new, render, templates
 from kernelforge.cli.report import export, report
 from kernelforge.cli.search import search, strategy_bench
+from kernelforge.cli.signals import install_stop_signals, stop_status
 from kernelforge.cli.show import show
 from kernelforge.errors import UserError
 from kernelforge.redact import redact, redact_standard_streams, register_environment
 
 
 class OneLineErrors(click.Group):
-    """Turns UserError into one clear line and exit status 2, and Ctrl-C at any moment (start-up
-    included) into exit status 130 with nothing lost: every result is stored when it exists."""
+    """Turns UserError into one clear line and exit status 2, and Ctrl-C or SIGTERM at any moment
+    (start-up included) into exit status 130 or 143 with nothing lost: every result is stored when
+    it exists (:mod:`kernelforge.cli.signals`)."""
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        install_stop_signals()
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        # Click's standalone mode turns a KeyboardInterrupt outside the command (while parsing,
+        # say) into "Aborted!" and exit status 1: handled here instead, with 130 or 143.
+        try:
+            status = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.Abort as exc:
+            if isinstance(exc.__cause__, KeyboardInterrupt):
+                err_console.print("kernelforge: interrupted")
+                sys.exit(stop_status(exc.__cause__))
+            err_console.print("Aborted!")
+            sys.exit(1)
+        except click.ClickException as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except KeyboardInterrupt as exc:
+            err_console.print("kernelforge: interrupted")
+            sys.exit(stop_status(exc))
+        sys.exit(status if isinstance(status, int) else 0)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -37,9 +63,9 @@ class OneLineErrors(click.Group):
             # Escaped: messages name TOML tables such as [llm], which rich would take for markup.
             err_console.print(f"[bold red]kernelforge:[/] {escape(redact(str(exc)))}")
             ctx.exit(2)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             err_console.print("kernelforge: interrupted; everything measured is stored, rerun to continue")
-            ctx.exit(130)
+            ctx.exit(stop_status(exc))
 
 
 @click.group(cls=OneLineErrors)

@@ -22,8 +22,10 @@ def print_summary(job, catalog, store, outcome, report_path: Path | None) -> Non
     report = collect(job, catalog, store)
     stored = sum(b.candidates for b in report.blocks)
     say = lambda text: err_console.print(redact(text), markup=False, soft_wrap=True)  # noqa: E731
-    say(f"{job.name}: {outcome.evaluations} evaluations this run, {outcome.duplicates} answered from the store; "
-        f"{stored} candidates of this job stored in {redact_url(job.storage_url)}")
+    ran = ("already complete: nothing ran" if outcome.complete else
+           f"{outcome.evaluations} evaluations this run, {outcome.duplicates} answered from the store"
+           + (f", {outcome.from_peers} by other workers" if outcome.from_peers else ""))
+    say(f"{job.name}: {ran}; {stored} candidates of this job stored in {redact_url(job.storage_url)}")
     width = max((len(b.block) for b in report.blocks), default=0)
     failures: Counter = Counter()
     for block in report.blocks:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from kernelforge.execute.executor import Executor
     from kernelforge.search.progress import Progress
+    from kernelforge.store.ledger import Ledger
     from kernelforge.store.store import Store
 
 
@@ -32,7 +33,8 @@ class RunContext:
     target (None when nothing is compiled). ``baselines``: block id -> shape name -> the human
     baseline candidate of that shape (:func:`kernelforge.search.plan.baseline_candidates`; shapes
     that share a baseline point share the candidate). ``deadline``: the wall-clock end of the whole job (``time.time()`` seconds; None
-    without ``[strategy] max_minutes``).
+    without ``[strategy] max_minutes``). ``ledger``: this worker's place among the job's workers
+    under ``env_key`` (:mod:`kernelforge.store.ledger`).
     """
 
     job: Job
@@ -43,6 +45,7 @@ class RunContext:
     env: Mapping[str, Any]
     env_key: str
     baselines: Mapping[str, Mapping[str, Candidate]]
+    ledger: "Ledger"
     target: str | None = None
     deadline: float | None = None
 

@@ -12,23 +12,22 @@ search runs (:mod:`kernelforge.search.proposals`).
 Everything goes through the store: a candidate already measured in the same conditions is never
 measured again (its stored result answers), so a rerun of a killed search continues where it
 stopped, and a result is stored the moment it exists (SIGKILL loses only the candidate in flight).
+
+Any number of workers run one job together through the store's ledger (:mod:`kernelforge.search.
+shared`, :mod:`kernelforge.store.ledger`): claims, shared budgets, a dead worker's claims taken
+over. The evaluation loop itself is :mod:`kernelforge.search.evaluation_loop`.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
-from concurrent.futures import Future
-from dataclasses import dataclass, field
-from typing import Any
 
-from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
 from kernelforge.execute.executor import make_executor
+from kernelforge.errors import Terminated
 from kernelforge.execute.sandbox import sandbox_warning
 from kernelforge.job import Job
-from kernelforge.objective import time_ratio
-from kernelforge.result import StoredResult, env_key
+from kernelforge.result import env_key
 from kernelforge.search.confirm import confirm
 from kernelforge.search.context import RunContext
 from kernelforge.search.gate import PolicyGate
@@ -36,37 +35,14 @@ from kernelforge.search.library import measure_library_for_run
 from kernelforge.search.pipeline import Pipeline
 from kernelforge.search.plan import already_spent, baseline_candidates, plan_studies
 from kernelforge.search.progress import Progress
-from kernelforge.search.proposals import Proposals, View
 from kernelforge.search.proposer import Proposer
+from kernelforge.search.evaluation_loop import EvaluationLoop, SearchOutcome
+from kernelforge.search.proposals import Proposals
 from kernelforge.search.reserve import Reserve
+from kernelforge.search.shared import Shares
 from kernelforge.search.study import Study, make_strategy_for
-from kernelforge.store.records import Confirmation
+from kernelforge.store.lock import JobLock
 from kernelforge.store.store import Store
-from kernelforge.strategies.names import STRATEGIES
-
-#: How many candidates are compiled ahead of the one on the device.
-PREFETCH = 2
-
-
-@dataclass
-class _Pending:
-    study: Study
-    point: dict[str, Any]
-    candidate: Candidate
-    compiled: Future | None
-
-
-@dataclass
-class SearchOutcome:
-    """What a search did, for the CLI's closing line."""
-
-    evaluations: int = 0
-    duplicates: int = 0
-    stopped: bool = False
-    reason: str = ""
-    winners: dict[str, list[Confirmation]] = field(default_factory=dict)
-    llm: dict[str, Any] = field(default_factory=dict)  # the proposer's summary, when one ran
-
 
 class Search:
     """Runs one job against one store. Construct, then :meth:`run`.
@@ -78,7 +54,8 @@ class Search:
 
     def __init__(self, job: Job, catalog: Catalog, store: Store, progress: Progress, *,
                  device_name: str | None = None, compile_workers: int = 1, compile_enabled: bool = True,
-                 in_process: bool = False, proposer: Proposer | None = None):
+                 in_process: bool = False, proposer: Proposer | None = None, reconfirm: bool = False,
+                 pool=None):
         self.job = job
         self.catalog = catalog
         self.store = store
@@ -92,9 +69,11 @@ class Search:
         # An executor that runs no code (replay) compiles nothing either.
         self.compile_enabled = compile_enabled and self.executor.runs_code
         self.compile_workers = compile_workers
+        self.reconfirm = reconfirm
         self.run_context: RunContext | None = None
+        self.given_pool = pool  # a ready compile pool (Ray's CPU workers), used instead of a local one
         self.pool = None
-        self.lock = None
+        self.lock: JobLock | None = None
 
     # -- set-up --------------------------------------------------------------------------------
 
@@ -114,12 +93,13 @@ class Search:
             target = self.job.target or default_target()
             parse_target(target)  # a bad target is a user error before anything runs
             # Compiling runs the candidate's host code: the same policy, secrets and limits apply.
-            self.pool = SandboxedCompilePool(max_workers=self.compile_workers)
+            self.pool = self.given_pool or SandboxedCompilePool(max_workers=self.compile_workers)
         # A wall-clock cap covers the whole job, confirmation included.
         cap = 60 * self.job.strategy.max_minutes if self.job.strategy.max_minutes else None
         self.run_context = RunContext(
             job=self.job, catalog=self.catalog, store=self.store, executor=self.executor, progress=self.progress,
-            env=env, env_key=env_key(env), target=target, deadline=time.time() + cap if cap else None,
+            env=env, env_key=env_key(env), ledger=self.store.ledger(self.job.name, env_key(env)), target=target,
+            deadline=time.time() + cap if cap else None,
             baselines={spec.id: baseline_candidates(self.catalog, spec.id, self.catalog.block(spec.id).shapes(spec.shapes))
                        for spec in self.job.blocks},
         )
@@ -140,7 +120,8 @@ class Search:
         for spec in self.job.blocks:
             block = self.catalog.block(spec.id)
             for p in (p for p in planned if p.block_id == spec.id):
-                reserve.add_pool(p.block_id, p.scope, p.reserve)
+                if proposals is not None:  # the lead keeps the reserve: only it runs the proposer
+                    reserve.add_pool(p.block_id, p.scope, p.reserve)
                 if p.budget == 0:
                     continue
                 template = self.catalog.template(p.template_id)
@@ -155,171 +136,98 @@ class Search:
     # -- the run -------------------------------------------------------------------------------
 
     def run(self) -> SearchOutcome:
-        # One search per job and database at a time: a second one refuses with the holder's pid
-        # and host; a dead holder's lock (SIGKILL) is taken over (Store.acquire_job_lock).
-        self.lock = self.store.acquire_job_lock(self.job.name)
-        if self.lock.taken_over:
-            self.progress.event("warning", message=f"took over the lock of job {self.job.name} from "
-                                                   f"{self.lock.taken_over}, which is no longer running")
-        self.lock.start_heartbeat()
-        try:
-            return self._run()
-        finally:
-            self.lock.release()
-
-    def _run(self) -> SearchOutcome:
+        """Search the job as one of its workers (any number run at once, on any hosts that reach
+        the store: :mod:`kernelforge.search.shared`). The first to start is the lead (it holds the
+        job lock): it runs the proposer, and the worker that ends holding the lock confirms."""
         outcome = SearchOutcome()
+        shares: Shares | None = None
+        studies: list[Study] = []
         try:
             run = self.prepare()
+            shares = Shares(run.ledger, alone=not run.ledger.live_workers())
+            shares.settle(lambda claim: all(
+                self.store.find_result(claim.candidate_id, name, run.dtype_name, run.env_key) is not None
+                for name in claim.shapes.split(",")))
+            self._take_lead()
+            run.ledger.join(on_heartbeat=lambda: [s.strategy.heartbeat() for s in list(studies)])
             # Proposals stop at 80% of the cap so the confirmation re-timing still fits.
             cap = 60 * self.job.strategy.max_minutes if self.job.strategy.max_minutes else None
             deadline = time.time() + 0.8 * cap if cap else None
             pipeline = Pipeline(run, PolicyGate(), self.pool)
             reserve = Reserve(self.job.llm.tune_evaluations if self.job.llm else 0)
-            proposals = Proposals(run, pipeline, reserve, self.proposer) if self.proposer is not None else None
-            studies = self._studies(run, reserve, proposals)
-            budgets: dict[str, int] = {}
+            lead_proposer = self.proposer if self.lock is not None else None
+            proposals = Proposals(run, pipeline, reserve, lead_proposer) if lead_proposer is not None else None
+            studies.extend(self._studies(run, reserve, proposals))
             for s in studies:
-                budgets[s.block.id] = budgets.get(s.block.id, 0) + s.budget
-            self.progress.event("start", job=self.job.name, device=run.device_name, dtype=run.dtype_name,
-                                strategy=self.job.strategy.name, budgets=budgets,
-                                resumed={s.name: s.spent for s in studies if s.spent})
-            for s in studies:
-                for _ in range(s.spent):
-                    self.progress.event("evaluated", block=s.block.id, status="resumed", speedup=None)
+                shares.open(s)
+            if self._complete(run, shares, studies):
+                outcome.complete = True
+                return outcome
+            self._start_events(run, studies)
             baselines = pipeline.measure_baselines()
             measure_library_for_run(run, pipeline.plans)  # issue 11: library reference lines (GPU only)
-            loop = _Loop(run, pipeline, reserve, proposals, baselines, outcome)
+            loop = EvaluationLoop(run, pipeline, reserve, proposals, baselines, outcome, shares)
             loop.execute(studies, deadline)
             if not outcome.stopped:
-                outcome.winners = confirm(run)
-            self.progress.event("end", message=f"done: {outcome.evaluations} evaluations, {outcome.duplicates} "
-                                               "duplicates answered from the store")
-        except KeyboardInterrupt:
-            outcome.stopped, outcome.reason = True, "interrupted"
-            self.progress.event("stopped", message="interrupted: everything measured is stored; "
-                                                   "rerun the same command to continue")
+                self._finish(run, outcome)
+        except KeyboardInterrupt as exc:
+            outcome.stopped, outcome.reason = True, "terminated" if isinstance(exc, Terminated) else "interrupted"
+            self.progress.event("stopped", message=f"{outcome.reason}: everything measured is stored, open claims "
+                                                   "were released; rerun the same command to continue")
         finally:
+            if shares is not None:
+                shares.withdraw_all(studies)
+                shares.ledger.leave()
+            if self.lock is not None:
+                self.lock.release()
             self.close()
         return outcome
 
-
-class _Loop:
-    """The evaluation loop of one run: keeps ``PREFETCH`` candidates compiling ahead of the one
-    being measured, round-robin over the open studies, a fresh proposed template first."""
-
-    def __init__(self, run: RunContext, pipeline: Pipeline, reserve: Reserve, proposals: Proposals | None,
-                 baselines: dict[str, dict[str, StoredResult]], outcome: SearchOutcome):
-        self.run = run
-        self.pipeline = pipeline
-        self.reserve = reserve
-        self.proposals = proposals
-        self.baselines = baselines
-        self.outcome = outcome
-        self._turn = 0
-
-    def execute(self, studies: list[Study], deadline: float | None) -> None:
-        """Evaluate until every study is spent or exhausted (or ``deadline``), the proposer running beside."""
-        if self.proposals is None:
-            self._loop(studies, deadline)
+    def _take_lead(self) -> None:
+        """Become the lead if no live worker is (the job lock; a dead lead's is taken over)."""
+        got = self.store.take_job_lock(self.job.name)
+        if not isinstance(got, JobLock):
             return
-        proposer = self.proposals.proposer
-        proposer.start(View(self.run, self.reserve, self.proposals.templates, self.baselines,
-                            lambda: self.outcome.evaluations))
-        try:
-            self._loop(studies, deadline)
-        finally:
-            proposer.close()
-            self.outcome.llm = proposer.summary()
+        self.lock = got
+        if got.taken_over:
+            self.progress.event("warning", message=f"took over the lock of job {self.job.name} from "
+                                                   f"{got.taken_over}, which is no longer running")
+        got.start_heartbeat()
 
-    def _next_study(self, studies: list[Study]) -> Study | None:
-        for _ in range(len(studies)):
-            study = studies[self._turn % len(studies)]
-            self._turn += 1
-            if study.open:
-                return study
-        return None
+    def _complete(self, run: RunContext, shares: Shares, studies: list[Study]) -> bool:
+        """A rerun of a finished job: every budget spent, nothing left to adopt, winners confirmed
+        under this environment. Then nothing runs and nothing stored changes (``reconfirm``: re-time)."""
+        finished = run.ledger.finished()
+        if self.reconfirm or finished is None or any(s.open for s in studies) or shares.dead_claims(studies):
+            return False
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(finished))
+        self.progress.event("end", message=f"job {self.job.name} is complete on {run.device_name} (confirmed {when}): "
+                                           "nothing to do; raise its budget to search on, or rerun with --reconfirm "
+                                           "to re-time its winners")
+        return True
 
-    def _observe(self, study: Study, point: dict[str, Any], candidate: Candidate,
-                 ordered: list[StoredResult]) -> float | None:
-        """Tell the strategy the objective of a point (and the proposer how its template's own
-        point did); returns the objective."""
-        baseline = self.baselines[study.block.id]
-        value = time_ratio(ordered, baseline)
-        study.strategy.tell(point, value)
-        if self.proposals is not None:
-            self.proposals.observe(study, candidate, ordered, baseline)
-        return value
+    def _start_events(self, run: RunContext, studies: list[Study]) -> None:
+        budgets: dict[str, int] = {}
+        for s in studies:
+            budgets[s.block.id] = budgets.get(s.block.id, 0) + s.budget
+        self.progress.event("start", job=self.job.name, device=run.device_name, dtype=run.dtype_name,
+                            strategy=self.job.strategy.name, budgets=budgets,
+                            resumed={s.name: s.spent for s in studies if s.spent},
+                            lead=self.lock is not None)
+        for s in studies:
+            for _ in range(s.spent):
+                self.progress.event("evaluated", block=s.block.id, status="resumed", speedup=None)
 
-    def _loop(self, studies: list[Study], deadline: float | None) -> None:
-        pending: deque[_Pending] = deque()
-        outcome = self.outcome
-        while True:
-            if self.proposals is not None:
-                self.proposals.step(studies)
-            while len(pending) < PREFETCH and (deadline is None or time.time() < deadline):
-                # A template a proposer just wrote goes first: the proposer is waiting for its verdict.
-                study = Proposals.fresh_study(studies) or self._next_study(studies)
-                if study is None:
-                    break
-                point = study.next_point()
-                if point is None:
-                    study.exhausted = True
-                    continue
-                try:
-                    candidate = self._candidate_for(study, point)
-                except Exception as exc:
-                    if not study.proposed:
-                        raise  # a human template that fails to render is the user's to fix
-                    # A proposed template whose Jinja fails at this point (a runtime error in an
-                    # expression): a failed point, like any other failure of its code.
-                    study.strategy.tell(point, None)
-                    self.run.progress.event("warning", message=f"{study.template.id} at {point}: cannot render "
-                                                               f"({type(exc).__name__}: {exc})")
-                    continue
-                stored = self.pipeline.stored(candidate, study.shapes)
-                if len(stored) == len(study.shapes):
-                    # Already measured (the baseline, a resumed search, another template): free.
-                    self._observe(study, point, candidate, [stored[s.name] for s in study.shapes])
-                    outcome.duplicates += 1
-                    self.run.progress.event("duplicate", block=study.block.id, candidate=candidate.id)
-                    continue
-                study.in_flight += 1
-                pending.append(_Pending(study, point, candidate, self.pipeline.submit_compile(candidate)))
-            if not pending:
-                if deadline is not None and time.time() >= deadline:
-                    outcome.reason = "time budget reached"
-                    break
-                if self.proposals is not None and self.proposals.proposer.idle():
-                    continue
-                if self.reserve.give_back(studies, self.run.progress):
-                    continue
-                break
-            item = pending.popleft()
-            study = item.study
-            results = self.pipeline.measure(study.block, item.candidate, study.shapes, item.compiled,
-                                            study.template.deterministic)
-            study.in_flight -= 1
-            study.spent += 1
-            outcome.evaluations += 1
-            ordered = [results[s.name] for s in study.shapes]
-            value = self._observe(study, item.point, item.candidate, ordered)
-            failed = next((r for r in ordered if not r.ok), None)
-            self.run.progress.event(
-                "evaluated", block=study.block.id, template=study.template.id, candidate=item.candidate.id,
-                params=item.point, status=failed.status.value if failed else "ok",
-                speedup=(1.0 / value) if value else None, message=failed.message if failed else "",
-                origin=item.candidate.origin,
-            )
-
-    def _candidate_for(self, study: Study, point: dict[str, Any]) -> Candidate:
-        """The candidate of a study's point, with its origin and parent."""
-        key = tuple(point[name] for name in study.template.space.names)
-        if study.proposed and dict(point) == dict(study.template.baseline):
-            return Candidate.from_template(study.template, point, origin="llm", parent=study.parent)
-        if key in study.queued:
-            return Candidate.from_template(study.template, point, origin="llm", parent=study.queued.pop(key))
-        candidate = Candidate.from_template(study.template, point, origin=STRATEGIES[self.run.job.strategy.name].origin,
-                                            parent=study.root)
-        # A shape's baseline point asked by the study is that baseline (same source, same id).
-        return next((c for c in self.run.baselines[study.block.id].values() if c.id == candidate.id), candidate)
+    def _finish(self, run: RunContext, outcome: SearchOutcome) -> None:
+        """The end of this worker's search: the lead (or, the lead dead, whoever takes its lock)
+        confirms the winners once every claim is settled; the others leave that to it."""
+        if self.lock is None:
+            self._take_lead()
+        if self.lock is None:
+            self.progress.event("end", message=f"done: {outcome.evaluations} evaluations, {outcome.duplicates} "
+                                               "duplicates answered from the store; the lead worker confirms")
+            return
+        outcome.winners = confirm(run)
+        run.ledger.mark_finished()
+        self.progress.event("end", message=f"done: {outcome.evaluations} evaluations, {outcome.duplicates} "
+                                           "duplicates answered from the store")

@@ -20,6 +20,11 @@ from kernelforge.execute.timing import TimingPlan
 from kernelforge.result import Evaluation, Status, StoredResult, Verification
 from kernelforge.search.context import RunContext
 from kernelforge.search.gate import PolicyGate
+from kernelforge.search.shared import shapes_key
+from kernelforge.store.ledger import ClaimState
+
+#: How often a worker looks again at a baseline a peer is measuring.
+BASELINE_POLL_S = 0.25
 
 
 class Pipeline:
@@ -101,8 +106,7 @@ class Pipeline:
             for group in groups.values():
                 candidate = by_shape[group[0].name]
                 source = "; ".join(dict.fromkeys(template.baseline_for(s).source for s in group))
-                results = self.measure(block, candidate, group, self.submit_compile(candidate),
-                                       template.deterministic)
+                results = self._measure_baseline(block, candidate, group, template.deterministic)
                 failed = [results[s.name] for s in group if not results[s.name].ok]
                 if failed:
                     raise UserError(
@@ -118,6 +122,25 @@ class Pipeline:
             self.plans[block.id] = TimingPlan.of(block.id, run.dtype, ((name, r.timing_method)
                                                                        for name, r in measured[block.id].items()))
         return measured
+
+    def _measure_baseline(self, block: Block, candidate: Candidate, group: list[Shape],
+                          deterministic: bool) -> dict[str, StoredResult]:
+        """A baseline's results on ``group``, measured once among the job's workers: claimed (at no
+        cost to any budget) and measured here, or a peer's claim waited for (taken over if it dies)."""
+        shapes = shapes_key(group)
+        while True:
+            stored = self.stored(candidate, group)
+            if len(stored) == len(group):
+                return stored
+            state = self.run.ledger.claim("baselines", candidate.id, shapes, candidate.point, free=True)
+            if state in (ClaimState.GRANTED, ClaimState.TAKEN_OVER):
+                results = self.measure(block, candidate, group, self.submit_compile(candidate), deterministic)
+                self.run.ledger.finish(candidate.id, shapes)
+                return results
+            if state is ClaimState.DONE:  # stored by a peer since we looked (or its results are lost)
+                stored = self.stored(candidate, group)
+                return stored if len(stored) == len(group) else self.measure(block, candidate, group, None, deterministic)
+            time.sleep(BASELINE_POLL_S)  # a peer is measuring it
 
     def _compile_failure(self, candidate: Candidate, compiled: Future | None) -> tuple[Status, str] | None:
         if compiled is None:
