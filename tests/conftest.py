@@ -31,3 +31,44 @@ def catalog():
     from kernelforge.catalog import Catalog
 
     return Catalog.discover(REPO / "kernels")
+
+
+# -- real servers (tests/services.py): PostgreSQL and Ray, from the environment or started here ----
+# Each skips with its reason when the server cannot be had, or fails when
+# KERNELFORGE_REQUIRE_SERVICES=1 (.ci/run). Session fixtures: started once per xdist worker, lazily
+# (only a worker that runs a test needing one starts it).
+
+
+@pytest.fixture(scope="session")
+def postgres_url():
+    """SQLAlchemy URL (postgresql+psycopg://...@127.0.0.1:PORT/DB) of a PostgreSQL server the test
+    may create databases on: $KERNELFORGE_TEST_POSTGRES_URL, or a private server for the session."""
+    import services
+
+    try:
+        with services.postgres_server() as url:
+            yield url
+    except services.ServiceUnavailable as exc:
+        services.unavailable(str(exc))
+
+
+@pytest.fixture
+def pg_url(postgres_url):
+    """URL of a fresh, empty PostgreSQL database for this test only (dropped after it)."""
+    import services
+
+    with services.fresh_database(postgres_url) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def ray_address():
+    """Address (127.0.0.1:PORT) of a Ray cluster with 2 CPUs and 2 (fake) GPUs:
+    $KERNELFORGE_TEST_RAY_ADDRESS, or a local cluster started for the session."""
+    import services
+
+    try:
+        with services.ray_cluster() as address:
+            yield address
+    except services.ServiceUnavailable as exc:
+        services.unavailable(str(exc))
