@@ -9,6 +9,7 @@ import click
 
 from kernelforge.cli.common import console, load_job
 from kernelforge.cli.dry_run import print_plan
+from kernelforge.cli.signals import EXIT_INTERRUPTED, EXIT_TERMINATED, install_stop_signals
 from kernelforge.cli.summary import print_summary
 from kernelforge.errors import UserError
 from kernelforge.strategies.names import STRATEGY_NAMES
@@ -16,7 +17,8 @@ from kernelforge.strategies.names import STRATEGY_NAMES
 
 @click.command()
 @click.argument("job_file", metavar="JOB")
-@click.option("--storage", default=None, help="SQLAlchemy URL of the results database (default: the job's).")
+@click.option("--storage", default=None, envvar="KERNELFORGE_STORAGE",
+              help="SQLAlchemy URL of the results database (default: the job's; env KERNELFORGE_STORAGE).")
 @click.option("--device", "device_name", default=None, help="Override the job's device: cuda, interpret or replay:PATH.")
 @click.option("--progress", "progress_mode", type=click.Choice(["live", "jsonl", "quiet"]), default=None,
               help="Live terminal view (default on a terminal), JSON lines, or quiet.")
@@ -35,14 +37,29 @@ from kernelforge.strategies.names import STRATEGY_NAMES
 @click.option("--dry-run", is_flag=True,
               help="Print the plan (templates, budgets, shapes, device, target, storage) and what is already "
                    "stored, then exit without evaluating anything.")
+@click.option("--reconfirm", is_flag=True,
+              help="Re-time the winners of a job that is already complete (a plain rerun changes nothing).")
+# -- launcher options (kernelforge.search.launch): many workers of this job -------------------------
+@click.option("--workers", type=click.IntRange(1), default=None, metavar="N",
+              help="Start N worker processes of this job on this host (they share the job's database).")
+@click.option("--gpus", default=None, metavar="all|0,1,5",
+              help="Start one worker per local GPU (all, or the indices), each seeing only its GPU.")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="auto", default=None, metavar="[ADDRESS]",
+              help="Start one worker per GPU of a Ray cluster (ADDRESS, default auto); needs kernelforge[ray].")
+# -- end of launcher options ------------------------------------------------------------------------
 @click.pass_context
 def search(ctx: click.Context, job_file: str, storage: str | None, device_name: str | None,
            progress_mode: str | None, no_compile: bool, report: bool, llm_mode: str | None,
-           llm_model: str | None, llm_key_env: str | None, in_process: bool = False, dry_run: bool = False) -> None:
+           llm_model: str | None, llm_key_env: str | None, in_process: bool = False, dry_run: bool = False,
+           reconfirm: bool = False, workers: int | None = None, gpus: str | None = None, ray_address: str | None = None) -> None:
     """Run (or resume) the search described by JOB; rerunning continues where it stopped.
 
     JOB is a job file, or the name of a job under search/ (``demo`` is search/demo.toml).
     """
+    if (workers is not None or gpus is not None or ray_address is not None) and not dry_run:
+        from kernelforge.search.launch import launch  # many workers of this job (--workers/--gpus/--ray)
+
+        ctx.exit(launch(ctx, workers, gpus, ray_address))
     job, catalog = load_job(ctx, job_file, storage)
     job = with_llm(job, llm_mode, llm_model, llm_key_env)
     if dry_run:
@@ -54,22 +71,27 @@ def search(ctx: click.Context, job_file: str, storage: str | None, device_name: 
     from kernelforge.llm.proposer import for_job
     from kernelforge.search.loop import Search
     from kernelforge.search.progress import make_progress
+    from kernelforge.compile.ray_pool import pool_from_environment
+    from kernelforge.search.supervise import compile_workers_from_env
     from kernelforge.store.store import Store
 
     require_llm_endpoint(job)
     store = Store(job.storage_url)
     mode = progress_mode or ("live" if sys.stdout.isatty() else "jsonl")
     progress = make_progress(mode)
+    pool = None if no_compile else pool_from_environment()  # a --ray worker compiles on the cluster's CPUs
+    install_stop_signals()  # again: Ray's init replaces the SIGTERM handler
     try:
         outcome = Search(job, catalog, store, progress, device_name=device_name,
                          compile_enabled=not no_compile, in_process=in_process,
-                         proposer=for_job(job, store, progress)).run()
+                         compile_workers=compile_workers_from_env(), pool=pool,
+                         proposer=for_job(job, store, progress), reconfirm=reconfirm).run()
     finally:
         progress.close()
     path = write_report(job, catalog, store) if report else None
     print_summary(job, catalog, store, outcome, path)
     if outcome.stopped:
-        ctx.exit(130)
+        ctx.exit(EXIT_TERMINATED if outcome.reason == "terminated" else EXIT_INTERRUPTED)
 
 
 def with_llm(job, mode: str | None, model: str | None, key_env: str | None):

@@ -64,7 +64,8 @@ class Executor(Protocol):
 
 
 def make_executor(device_name: str, *, in_process: bool = False, secrets: tuple[str, ...] = ()) -> Executor:
-    """The executor of a job's device: ``cuda``, ``interpret`` or ``replay:PATH``.
+    """The executor of a job's device: ``cuda``, ``interpret``, ``replay:PATH`` or the waiting
+    replay ``replay:PATH?wait=F`` (see :func:`parse_replay`).
 
     ``in_process`` runs candidates in this process (trusted debugging); ``secrets`` names extra
     environment variables the worker must never see (the LLM key's variable).
@@ -72,7 +73,8 @@ def make_executor(device_name: str, *, in_process: bool = False, secrets: tuple[
     if device_name.startswith("replay:"):
         from kernelforge.execute.replay import ReplayExecutor
 
-        return ReplayExecutor(device_name.split(":", 1)[1])
+        path, wait = parse_replay(device_name)
+        return ReplayExecutor(path, wait=wait)
     from kernelforge.devices.registry import get_device
 
     device = get_device(device_name)
@@ -83,3 +85,23 @@ def make_executor(device_name: str, *, in_process: bool = False, secrets: tuple[
     from kernelforge.execute.worker import WorkerExecutor
 
     return WorkerExecutor(device, extra_secrets=secrets)
+
+
+def parse_replay(device_name: str) -> tuple[str, float | None]:
+    """``replay:PATH`` -> (PATH, None); ``replay:PATH?wait=F`` -> (PATH, F), F a positive factor on
+    the recorded device time each evaluation then sleeps. The one parse of a replay device name."""
+    from kernelforge.errors import UserError
+
+    spec = device_name.split(":", 1)[1]
+    path, sep, query = spec.rpartition("?")
+    if not sep or not query.startswith("wait="):
+        return spec, None
+    text = query.removeprefix("wait=")
+    try:
+        wait = float(text)
+    except ValueError:
+        wait = -1.0
+    if not wait > 0 or wait == float("inf"):
+        raise UserError(f"--device {device_name}: wait={text!r} must be a positive number (the factor on the "
+                        "recorded device time each evaluation waits), e.g. replay:PATH?wait=1")
+    return path, wait

@@ -5,12 +5,19 @@ timings a real GPU produced, so strategies can be developed and compared without
 candidate the recording never measured comes back as ``runtime_error`` with a message saying so.
 Nothing is run, compiled or re-timed (``runs_code`` is False). Recorded Kernel Tuner caches
 (other kernels, other spaces) are replayed by ``strategy-bench``.
+
+A *waiting* replay (``--device replay:PATH?wait=F``) also sleeps, for each evaluation, the device
+time of what it replays: per shape the recorded median times the recorded samples (the time the
+GPU spent timing it; nothing for a failed or unrecorded shape), times ``F``. It stands in for a busy
+GPU (how many evaluations per minute several workers reach); it is a different environment from a
+plain replay (its device name says the factor, so its results have their own env key).
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from kernelforge.block import DTYPES, Block, Shape
 from kernelforge.candidate import source_id
@@ -28,8 +35,12 @@ class ReplayExecutor:
     kind = "replay"
     runs_code = False
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, wait: float | None = None, sleep: Callable[[float], None] = time.sleep):
+        """``wait``: the waiting replay's factor (None: answer at once); ``sleep`` is injectable
+        for tests (a fake clock)."""
         self.path = Path(path)
+        self.wait = wait
+        self.sleep = sleep
         if not self.path.is_file():
             raise UserError(f"replay:{path}: no such recording; give the path of a kernelforge.db of an earlier search")
         self.store = Store(f"sqlite:///{self.path}", create=False)
@@ -49,14 +60,25 @@ class ReplayExecutor:
     def describe(self) -> dict[str, Any]:
         env = dict(self._env or {})
         recorded = env.get("device_name", "?")
-        return {
+        # The device name is part of the env key: a waiting replay's results are its own.
+        waiting = f" waiting x{self.wait:g}" if self.wait is not None else ""
+        described = {
             **env,
             "device": "replay",
-            "device_name": f"replay of {recorded}",
+            "device_name": f"replay of {recorded}{waiting}",
             "recorded_device": recorded,
             "recording": str(self.path),
-            "timing": f"replayed from {self.path.name} (measured on {recorded})",
+            "timing": f"replayed from {self.path.name} (measured on {recorded}){waiting}",
         }
+        if self.wait is not None:
+            described["replay_wait"] = self.wait
+        return described
+
+    def device_seconds(self, rows: list[StoredResult | None]) -> float:
+        """The recorded device time of ``rows`` (one per shape): median x samples of each timed,
+        successful row; 0 for a failed or unrecorded one."""
+        return sum(row.median_s * (row.samples or 0) for row in rows
+                   if row is not None and row.ok and row.median_s is not None)
 
     def evaluate(self, block: Block, source: str, shapes: list[Shape], dtype, *,
                  deterministic: bool = True, plan=None) -> list[Evaluation]:
@@ -67,8 +89,10 @@ class ReplayExecutor:
         dtype_name = _dtype_name(dtype)
         label = f"replayed from {self.path.name} (measured on {(self._env or {}).get('device_name', '?')})"
         out = []
-        for shape in shapes:
-            row = self._index.get((candidate_id, shape.name, dtype_name))
+        rows = [self._index.get((candidate_id, shape.name, dtype_name)) for shape in shapes]
+        if self.wait is not None:
+            self.sleep(self.wait * self.device_seconds(rows))
+        for shape, row in zip(shapes, rows):
             counts = block.counts(shape, DTYPES[dtype_name])
             if row is None:
                 verdict = Verification(Status.RUNTIME_ERROR, message=f"{shape.name}: not in the recording {self.path.name}")
