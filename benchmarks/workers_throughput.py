@@ -11,8 +11,10 @@ SQLite file (the grid asks the same candidates again, so the replay finds each o
 each worker count, the same job on ``replay:RECORDING?wait=F`` into a fresh database with
 ``kernelforge search --workers N`` (budget: ``--budget`` per shape, e.g. 8 x 3 shapes = 24
 evaluations), F chosen so an evaluation waits about ``--wait-s`` seconds. Evaluations per minute
-are counted over the span of the workers' own events (the first ``start`` to the last
-``evaluated``), so process start-up is left out; the wall time of the whole command is shown too.
+are counted over the search: from the last ``baseline`` event (the baselines are measured once, by
+one worker, while the others wait for them: a fixed cost of the job, the same for any number of
+workers) to the last ``evaluated``. The span from the first ``start`` (baselines included) and the
+wall time of the whole command (process start-up included) are shown too.
 The recorded times are interpreter wall times on the CPU: here they only set how long each
 evaluation waits, they say nothing about GPU speed.
 """
@@ -92,10 +94,13 @@ def run(folder: Path, kernels: Path, device: str, block: str, shapes: str, budge
     events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     evaluated = [e for e in events if e["event"] == "evaluated" and e.get("status") != "resumed"]
     starts = [e["time"] for e in events if e["event"] == "start"]
-    span = (max(e["time"] for e in evaluated) - min(starts)) if evaluated and starts else 0.0
+    baselines = [e["time"] for e in events if e["event"] == "baseline"]
+    last = max(e["time"] for e in evaluated) if evaluated else 0.0
+    span = (last - min(starts)) if evaluated and starts else 0.0
+    search = (last - max(baselines)) if evaluated and baselines else 0.0
     error = "" if done.returncode == 0 else (done.stderr.strip().splitlines() or ["?"])[0][:100]
-    return {"workers": workers, "evaluations": len(evaluated), "wall": wall, "span": span,
-            "per_min": 60 * len(evaluated) / span if span > 0 else 0.0, "rc": done.returncode, "error": error}
+    return {"workers": workers, "evaluations": len(evaluated), "wall": wall, "span": span, "search": search,
+            "per_min": 60 * len(evaluated) / search if search > 0 else 0.0, "rc": done.returncode, "error": error}
 
 
 def main() -> None:
@@ -117,11 +122,12 @@ def main() -> None:
               f"(about {args.wait_s:g} s per evaluation)")
         rows = [run(folder, args.kernels.resolve(), device, args.block, args.shapes, args.budget, n) for n in counts]
     base = next((r["per_min"] for r in rows if r["workers"] == 1 and r["rc"] == 0), 0.0)
-    print(f"{'workers':>7}  {'evaluations':>11}  {'wall s':>7}  {'span s':>7}  {'evals/min':>9}  {'ratio':>6}  status")
+    print(f"{'workers':>7}  {'evaluations':>11}  {'wall s':>7}  {'span s':>7}  {'search s':>8}  {'evals/min':>9}  "
+          f"{'ratio':>6}  status")
     for r in rows:
         ratio = f"{r['per_min'] / base:6.2f}" if base and r["rc"] == 0 else "     -"
         status = "ok" if r["rc"] == 0 else f"exit {r['rc']}: {r['error']}"
-        print(f"{r['workers']:>7}  {r['evaluations']:>11}  {r['wall']:>7.1f}  {r['span']:>7.1f}  "
+        print(f"{r['workers']:>7}  {r['evaluations']:>11}  {r['wall']:>7.1f}  {r['span']:>7.1f}  {r['search']:>8.1f}  "
               f"{r['per_min']:>9.1f}  {ratio}  {status}")
 
 

@@ -115,13 +115,15 @@ def test_three_workers_on_postgresql_share_one_search(tmp_path, pg_url, single):
     assert len(leads) <= 1  # one lead at a time (a lead that finished first may hand over: then none left)
 
 
-def test_a_sigkilled_worker_s_claims_are_finished_by_the_others(tmp_path, single):
+@pytest.mark.parametrize("moment", ["start", "baseline", "evaluated"])
+def test_a_sigkilled_lead_s_claims_are_finished_by_the_others(tmp_path, single, moment):
     url = f"sqlite:///{tmp_path / 'kf.db'}"
     path = job(tmp_path)
-    victim = worker(path, url)
-    # Wait until the victim has claimed: its first evaluation event comes once a claim is measured.
+    victim = worker(path, url)  # the first to start: the lead
+    # Killed as it starts measuring the baseline (holding its claim), once it measured it, or once
+    # it has measured a candidate and claimed the next.
     for line in victim.stdout:
-        if json.loads(line)["event"] == "evaluated":
+        if json.loads(line)["event"] == moment:
             break
     others = [worker(path, url) for _ in range(2)]
     victim.send_signal(signal.SIGKILL)
@@ -137,6 +139,11 @@ def test_a_sigkilled_worker_s_claims_are_finished_by_the_others(tmp_path, single
     assert {c for c, _ in results} == single  # nothing lost, nothing more
     assert len(results) == len(set(results))
     assert all(state == "done" for _, _, state in claims)
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:  # the lead's lock was taken over and the job confirmed
+        assert conn.execute(sa.text("select count(*) from kf_finished where job = 'many'")).scalar() == 1
+        assert conn.execute(sa.text("select count(*) from kf_locks")).scalar() == 0
+    engine.dispose()
 
 
 def test_sigterm_stops_a_worker_like_ctrl_c_and_a_rerun_finishes_then_changes_nothing(tmp_path, single):
