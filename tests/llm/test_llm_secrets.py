@@ -257,8 +257,9 @@ def test_a_postgresql_password_and_the_key_stay_out_of_a_real_server_search(tmp_
                       "kf_confirmations", "kf_locks", "kf_workers", "kf_budgets", "kf_claims", "kf_finished"):
             rows = conn.execute(sa.text(f"select * from {table}")).all()
             texts[table] = json.dumps([[str(v) for v in row] for row in rows])
-        # A live lead on another host: the next search of the job joins it as a worker, finds the
-        # job complete, and says so naming the database without its password.
+        # A live lead on another host: the next search of the job joins it as a worker (here without
+        # the LLM, so the LLM's reserve goes to the human template) and names the database in its
+        # summary without its password.
         conn.execute(sa.text("insert into kf_locks (job, holder, host, pid, started, heartbeat) values "
                              "(:job, 'elsewhere:1:1', 'elsewhere', 1, :now, :now)"), {"job": name, "now": time.time()})
     locked = cli(["search", f"{name}.toml", "--storage", url, "--llm", "off", "--no-report"], folder, env)
@@ -266,7 +267,7 @@ def test_a_postgresql_password_and_the_key_stay_out_of_a_real_server_search(tmp_
         conn.execute(sa.text("delete from kf_locks where job = :job"), {"job": name})
     engine.dispose()
     assert stored > 0, "the search stored its results in PostgreSQL"
-    assert locked.returncode == 0 and "already complete" in locked.stderr and "://***@" in locked.stderr
+    assert locked.returncode == 0 and "the lead worker confirms" in locked.stdout and "://***@" in locked.stderr
     texts["lock message"] = locked.stdout + locked.stderr
     assert "://***@" in run.stderr, "the summary names the database without its password"
     assert_nowhere(password, texts)

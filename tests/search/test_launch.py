@@ -19,32 +19,12 @@ from kernelforge.search import launch as launch_module
 from kernelforge.search.launch import parse_gpus
 from kernelforge.search.supervise import COMPILE_WORKERS_ENV, STORAGE_ENV, Relay, Stop, WorkerSpec, exit_status
 from kernelforge.errors import UserError
+from toy_job import CLI, FIXTURES, toy_job
 
-ROOT = Path(__file__).resolve().parents[2]
-FIXTURES = ROOT / "tests" / "fixtures" / "kernels"
-CLI = [sys.executable, "-m", "kernelforge", "--kernels", str(FIXTURES)]
-
-JOB = """
-[job]
-name = "{name}"
-device = "{device}"
-dtype = "float16"
-seed = 3
-
-[strategy]
-name = "grid"
-evaluations = {evaluations}
-
-[[blocks]]
-id = "toy/axpy"
-shapes = "check"
-"""
 
 
 def job_file(tmp_path: Path, name="lw", device="interpret", evaluations=3) -> Path:
-    path = tmp_path / f"{name}.toml"
-    path.write_text(JOB.format(name=name, device=device, evaluations=evaluations))
-    return path
+    return toy_job(tmp_path, name, evaluations, device=device, seed=3)
 
 
 def planned(monkeypatch, args: list[str]) -> tuple[list[WorkerSpec], object]:

@@ -14,32 +14,12 @@ from pathlib import Path
 import pytest
 
 from kernelforge.errors import UserError
+from toy_job import CLI, FIXTURES, toy_job
 
-ROOT = Path(__file__).resolve().parents[2]
-FIXTURES = ROOT / "tests" / "fixtures" / "kernels"
-CLI = [sys.executable, "-m", "kernelforge", "--kernels", str(FIXTURES)]
-
-JOB = """
-[job]
-name = "{name}"
-device = "interpret"
-dtype = "float16"
-seed = 5
-
-[strategy]
-name = "grid"
-evaluations = {evaluations}
-
-[[blocks]]
-id = "toy/axpy"
-shapes = "check"
-"""
 
 
 def job_file(tmp_path: Path, name: str, evaluations: int) -> Path:
-    path = tmp_path / f"{name}.toml"
-    path.write_text(JOB.format(name=name, evaluations=evaluations))
-    return path
+    return toy_job(tmp_path, name, evaluations, seed=5)
 
 
 def ray_search(tmp_path: Path, address: str, name: str, evaluations: int, *options: str,

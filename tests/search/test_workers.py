@@ -13,40 +13,20 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
+from toy_job import CLI, toy_job
+
 pytestmark = pytest.mark.interpreter
 
-ROOT = Path(__file__).resolve().parents[2]
-FIXTURES = ROOT / "tests" / "fixtures" / "kernels"
-CLI = [sys.executable, "-m", "kernelforge", "--kernels", str(FIXTURES)]
 BUDGET = 6
-
-JOB = f"""
-[job]
-name = "many"
-device = "interpret"
-dtype = "float16"
-seed = 0
-
-[strategy]
-name = "grid"
-evaluations = {BUDGET}
-
-[[blocks]]
-id = "toy/axpy"
-shapes = "check"
-"""
 
 
 def job(tmp_path: Path) -> Path:
-    path = tmp_path / "many.toml"
-    path.write_text(JOB)
-    return path
+    return toy_job(tmp_path, "many", BUDGET)
 
 
 def worker(path: Path, url: str, *extra: str) -> subprocess.Popen:

@@ -11,6 +11,7 @@ warning and traceback of every command is masked.
 
 from __future__ import annotations
 
+import signal
 import sys
 from typing import Any
 
@@ -35,7 +36,14 @@ class OneLineErrors(click.Group):
 
     def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
-        install_stop_signals()
+        previous = install_stop_signals()
+        try:
+            return self._main(args, prog_name, complete_var, standalone_mode, **extra)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def _main(self, args: Any, prog_name: str | None, complete_var: str | None, standalone_mode: bool,
+              **extra: Any) -> Any:
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         # Click's standalone mode turns a KeyboardInterrupt outside the command (while parsing,

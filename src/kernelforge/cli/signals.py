@@ -6,6 +6,7 @@ report a process killed by it)."""
 from __future__ import annotations
 
 import signal
+from typing import Any
 
 from kernelforge.errors import Terminated
 
@@ -13,9 +14,10 @@ EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143
 
 
-def install_stop_signals() -> None:
-    """Make SIGTERM raise Terminated in the main thread (call it once, first thing)."""
-    signal.signal(signal.SIGTERM, _terminate)
+def install_stop_signals() -> Any:
+    """Make SIGTERM raise Terminated in the main thread; returns the handler it replaced (a
+    command run in-process, from a test or a notebook, puts it back when done)."""
+    return signal.signal(signal.SIGTERM, _terminate)
 
 
 def _terminate(signum: int, frame: object) -> None:

@@ -24,7 +24,7 @@ import time
 
 from kernelforge.catalog import Catalog
 from kernelforge.execute.executor import make_executor
-from kernelforge.errors import Terminated
+from kernelforge.errors import Terminated, UserError
 from kernelforge.execute.sandbox import sandbox_warning
 from kernelforge.job import Job
 from kernelforge.result import env_key
@@ -176,8 +176,12 @@ class Search:
                                                    "were released; rerun the same command to continue")
         finally:
             if shares is not None:
-                shares.withdraw_all(studies)
-                shares.ledger.leave()
+                try:
+                    shares.withdraw_all(studies)
+                    shares.ledger.leave()
+                except UserError:
+                    pass  # the store cannot be written (the error already raised says so): our open claims
+                    # stay, and count as dead once this process is gone, to be taken over
             if self.lock is not None:
                 self.lock.release()
             self.close()
