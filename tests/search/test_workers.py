@@ -150,3 +150,25 @@ def test_sigterm_stops_a_worker_like_ctrl_c_and_a_rerun_finishes_then_changes_no
     code, events, err = finish(worker(path, url, "--reconfirm"))
     assert code == 0, err
     assert len(content(url)[2]) > len(before[2]) or not before[2]  # --reconfirm re-times the winners
+
+
+def test_three_tpe_workers_share_one_optuna_study_per_study(tmp_path):
+    # Optuna's samplers keep their state in the job's database: three workers starting together on
+    # a new file race to create Optuna's tables too, then share each study's trials.
+    path = tmp_path / "tpe.toml"
+    path.write_text(job(tmp_path).read_text().replace('name = "grid"', 'name = "tpe"')
+                    .replace('seed = 0', 'seed = 0\ntune = "per-shape"'))
+    url = f"sqlite:///{tmp_path / 'kf.db'}"
+    reports = []
+    for proc in [worker(path, url) for _ in range(3)]:
+        code, events, err = finish(proc)
+        assert code == 0, err
+        reports.append(events)
+    ids = [(e["candidate"], e["block"]) for events in reports for e in events
+           if e["event"] == "evaluated" and e.get("status") != "resumed"]
+    assert len(ids) == 3 * BUDGET  # one study per shape, each spending its budget exactly
+    results, claims, _ = content(url)
+    assert len(results) == len(set(results))
+    for shape in ("n1", "n7", "n63"):  # the baseline and the budget's candidates, on every shape
+        assert len({c for c, s in results if s == shape}) == BUDGET + 1
+    assert all(state == "done" for _, _, state in claims)

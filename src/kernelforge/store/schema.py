@@ -255,8 +255,19 @@ def open_schema(engine: Engine, url: str, create: bool) -> bool:
                 "refusing to write into a foreign database; choose another --storage"
             )
     if "kf_meta" in tables:
-        with engine.connect() as conn:
-            rows = dict(conn.execute(sa.select(meta_table.c.key, meta_table.c.value)).all())
+        rows = _meta(engine)
+        if not rows and not (tables - ours - OPTUNA_TABLES):
+            # Our tables, not stamped yet: another worker is creating this database right now (or
+            # one was killed while it did). Its stamp follows at once; without one, finish the job.
+            for attempt in range(10):
+                time.sleep(0.1 * (attempt + 1))
+                rows = _meta(engine)
+                if rows:
+                    break
+            else:
+                if not create:
+                    raise UserError(f"storage {redact_url(url)} has no kernelforge results")
+                return False
         if rows.get("application") != APPLICATION:
             raise UserError(f"storage {redact_url(url)} is not a kernelforge database; refusing to modify it")
         version = int(rows.get("schema_version", "0"))
@@ -269,6 +280,11 @@ def open_schema(engine: Engine, url: str, create: bool) -> bool:
     if not create:
         raise UserError(f"storage {redact_url(url)} has no kernelforge results")
     return False
+
+
+def _meta(engine: Engine) -> dict[str, str]:
+    with engine.connect() as conn:
+        return dict(conn.execute(sa.select(meta_table.c.key, meta_table.c.value)).all())
 
 
 def create_schema(engine: Engine, url: str) -> None:

@@ -12,6 +12,7 @@ TRIAL_GRACE_S, and a live peer's trials are never touched.
 
 from __future__ import annotations
 
+import time
 import warnings
 from typing import Any
 
@@ -19,15 +20,27 @@ from typing import Any
 #: heartbeat is TRIAL_GRACE_S old.
 TRIAL_HEARTBEAT_S = 10
 TRIAL_GRACE_S = 60
+#: Tries at opening a shared storage (see :func:`shared_storage`).
+STORAGE_ATTEMPTS = 5
 
 
 def shared_storage(optuna: Any, url: str) -> Any:
-    """Optuna's RDB storage at ``url`` with trial heartbeats enabled."""
+    """Optuna's RDB storage at ``url`` with trial heartbeats enabled.
+
+    Workers starting together on a new database race to create Optuna's tables (seen: "UNIQUE
+    constraint failed: alembic_version.version_num" for all but one of three): the loser retries,
+    and finds them made."""
     # Optuna warns that heartbeats are meant for Study.optimize: TrialBeats beats for ask-and-tell.
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
     warnings.filterwarnings("ignore", message=r"Argument ``(heartbeat_interval|grace_period)`` is an experimental")
     warnings.filterwarnings("ignore", message=r"optuna\.storages\._heartbeat\.fail_stale_trials is experimental")
-    return optuna.storages.RDBStorage(url, heartbeat_interval=TRIAL_HEARTBEAT_S, grace_period=TRIAL_GRACE_S)
+    for attempt in range(STORAGE_ATTEMPTS):
+        try:
+            return optuna.storages.RDBStorage(url, heartbeat_interval=TRIAL_HEARTBEAT_S, grace_period=TRIAL_GRACE_S)
+        except Exception:  # noqa: BLE001 - whatever the race raised; the last attempt's error is the caller's
+            if attempt == STORAGE_ATTEMPTS - 1:
+                raise
+            time.sleep(0.2 * (attempt + 1))
 
 
 class TrialBeats:
