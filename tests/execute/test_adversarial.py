@@ -133,11 +133,13 @@ def test_a_candidate_that_flips_the_interpreter_switch_does_not_judge_the_next(e
     the worker: the worker is retired, so the next candidate's kernels are interpreted again."""
     trusted = executors["trusted"]
     block = catalog_for("toy/axpy").block("toy/axpy")
+    honest, _ = candidate("honest_scratch_buffer")
+    [ev] = trusted.evaluate(block, honest, block.shapes("smoke"), torch.float16)  # a worker that has served one
+    assert ev.status is Status.OK, ev.verification.message
     source, _ = candidate("triton_knobs")
     [ev] = trusted.evaluate(block, source, block.shapes("smoke"), torch.float16)
-    assert ev.status is Status.OK
+    assert ev.status is Status.OK, ev.verification.message
     starts = trusted.starts
-    honest, _ = candidate("honest_scratch_buffer")
     [ev] = trusted.evaluate(block, honest, block.shapes("smoke"), torch.float16)
     assert ev.status is Status.OK, ev.verification.message
     assert trusted.starts == starts + 1

@@ -163,9 +163,11 @@ class Ledger:
                     conn.execute(budgets_table.insert(), {"job": self.job, "study": study, "budget": budget,
                                                           "granted": spent})
                 elif alone:
+                    # Open claims under this environment: this run takes them over; another
+                    # environment's are that one's to finish.
                     open_claims = conn.execute(sa.select(sa.func.count()).select_from(claims_table).where(
                         (claims_table.c.job == self.job) & (claims_table.c.study == study)
-                        & (claims_table.c.state == "claimed"))).scalar_one()
+                        & (claims_table.c.env_key == self.env_key) & (claims_table.c.state == "claimed"))).scalar_one()
                     conn.execute(budgets_table.update().where(self._study(study)).values(
                         budget=budget, granted=spent + open_claims))
                 elif row["budget"] < budget:
