@@ -230,7 +230,7 @@ def finish(job: Any, catalog: Any, relay: Relay, stop: Stop, *, report: bool) ->
     """The report, written once for all workers (not after a second signal), and the summary."""
     from kernelforge.cli.summary import print_summary
     from kernelforge.report.write import write_report
-    from kernelforge.search.loop import SearchOutcome
+    from kernelforge.search.evaluation_loop import SearchOutcome
     from kernelforge.store.store import Store
 
     if stop.count > 1:  # killed: as fast as possible
