@@ -144,10 +144,16 @@ def _evaluate(node: ast.AST, point: Point, functions: Mapping[str, Callable[...,
 
 @dataclass(frozen=True)
 class Space:
-    """Parameters with their allowed values (in declaration order) and constraints."""
+    """Parameters with their allowed values (in declaration order) and constraints.
+
+    ``feasible``: when given, the only points that exist (their values in parameter order), on
+    top of the constraints: a recorded space whose restrictions are known only by the
+    configurations that were measured (Kernel Tuner never compiles the others).
+    """
 
     params: tuple[tuple[str, tuple[Any, ...]], ...]
     constraints: tuple[Constraint, ...] = ()
+    feasible: frozenset[tuple[Any, ...]] | None = None
 
     @classmethod
     def build(cls, params: Mapping[str, Any], constraints: list[str] | tuple[str, ...], where: str) -> "Space":
@@ -195,6 +201,8 @@ class Space:
                 out.append(f"{name}={point[name]!r} is not one of {list(allowed)}")
         if not out:
             out.extend(f"violates constraint {c.text!r}" for c in self.constraints if not c.holds(point))
+        if not out and self.feasible is not None and tuple(point[n] for n in self.names) not in self.feasible:
+            out.append("is not one of the space's feasible configurations")
         return out
 
     def contains(self, point: Point) -> bool:
@@ -204,6 +212,8 @@ class Space:
         """How many points satisfy the constraints, and whether that is exact: counted over the
         grid up to ``exact_up_to`` points, else estimated from ``samples`` uniform draws (seeded,
         so the estimate is the same every time); a million-point space is not listed to count it."""
+        if self.feasible is not None:
+            return sum(1 for _ in self.points()), True
         if not self.constraints or self.size <= exact_up_to:
             return (self.size if not self.constraints else sum(1 for _ in self.points())), True
         rng = random.Random(0)
@@ -218,7 +228,16 @@ class Space:
         """Every point that satisfies the constraints, in grid order (``reverse``: from the grid's
         end, so the last point of a million-point space is found without listing the others)."""
         names = self.names
-        for combo in itertools.product(*(values[::-1] if reverse else values for _, values in self.params)):
+        feasible = self.feasible
+        if feasible is not None and len(feasible) * 4 < self.size:
+            # Far fewer feasible points than grid points: order the feasible ones, list nothing else.
+            rank = [{value: i for i, value in enumerate(values)} for _, values in self.params]
+            combos = sorted(feasible, key=lambda key: tuple(r[v] for r, v in zip(rank, key)), reverse=reverse)
+        else:
+            combos = itertools.product(*(values[::-1] if reverse else values for _, values in self.params))
+        for combo in combos:
+            if feasible is not None and combo not in feasible:
+                continue
             point = dict(zip(names, combo))
             if all(c.holds(point) for c in self.constraints):
                 yield point

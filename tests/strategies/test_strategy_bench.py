@@ -11,7 +11,8 @@ import pytest
 
 from kernelforge.errors import UserError
 from kernelforge.strategies.recorded import load_kernel_tuner_cache
-from kernelforge.strategies.bench import THRESHOLDS, bench, format_table
+from kernelforge.strategies.bench import THRESHOLDS, bench
+from kernelforge.strategies.bench_report import format_table
 
 SPACES = Path("/work/shared/data/tuning-spaces")
 for candidate in (Path(__file__).resolve().parents[2] / "shared" / "data" / "tuning-spaces", SPACES):
@@ -64,6 +65,9 @@ def test_absent_configurations_are_invalid(tmp_path):
     assert space.lookup({"a": 2, "b": 1.0}) is None
     assert space.lookup({"a": 1, "b": 1.0}) is None  # not recorded: restricted by Kernel Tuner
     assert space.outcome({"a": 1, "b": 1.0}) == "NotRecorded"
+    # Recorded (a failure included) is feasible; unrecorded is not a point of the space at all.
+    assert space.space.feasible == frozenset({(1, 0.5), (2, 1.0)})
+    assert space.space.contains({"a": 2, "b": 1.0}) and not space.space.contains({"a": 1, "b": 1.0})
     assert space.device == "Test GPU" and space.name == "tiny"
 
 

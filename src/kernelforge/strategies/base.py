@@ -15,6 +15,10 @@ Contract of every :class:`Strategy` (tests/strategies/test_strategy.py runs it o
 - :meth:`Strategy.tell` takes the objective of an asked point (``None``, NaN or infinity: it
   failed); a point told that was not asked is history (never asked, not counted); a point told
   twice keeps its first value; a point outside the space raises ValueError;
+- :meth:`Strategy.infeasible` takes an asked point found unable to run before the device ran it
+  (the ahead-of-time compile: shared memory over the limit, too many registers...): it is known
+  (never asked again) as failed, it is a free tell, not an evaluation, and a strategy with a model
+  learns to avoid its like;
 - ``known`` holds every point that must not be asked again (key -> told value), ``pending`` the
   keys asked and not yet told; ``evaluations`` counts told asks, ``free_tells`` proposals the
   strategy settled itself without returning them (they cost no device time).
@@ -96,6 +100,22 @@ class Strategy(ABC):
         be asked (and it does not count as an evaluation); a point told twice keeps its first
         value. A point outside the space raises ValueError.
         """
+
+    def infeasible(self, point: Mapping[str, Any], reason: str = "") -> None:
+        """An asked point that cannot run on the target, found before the device ran it (``reason``
+        says why, e.g. the compile's resource verdict). Known as failed, so never asked again; a
+        free tell (``free_tells``), not an evaluation. Strategies with a model override
+        :meth:`_learn_infeasible` to learn from it."""
+        key = self.key(point)
+        if key in self.known and key not in self.pending:
+            return
+        self.pending.discard(key)
+        self.known[key] = None
+        self.free_tells += 1
+        self._learn_infeasible(key, reason)
+
+    def _learn_infeasible(self, key: Key, reason: str) -> None:
+        """Hook of :meth:`infeasible`: the point ``key`` cannot run (nothing to learn by default)."""
 
     def withdraw(self, point: Mapping[str, Any]) -> None:
         """Forget an asked point that will not be evaluated (a peer's budget took it, or the search

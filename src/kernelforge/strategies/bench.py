@@ -1,38 +1,69 @@
-"""Compare strategies on a recorded GPU space: evaluations needed to get within x% of the optimum.
+"""Compare strategies on recorded GPU spaces: evaluations needed to get within x% of the optimum.
 
-Each strategy runs its ask/tell loop against a :class:`~kernelforge.strategies.recorded.RecordedSpace` (replay:
-lookups only, no device) for a budget of evaluations, once per seed. An evaluation is an ask that
-returned a point (a failed or unrecorded configuration counts: on a device it would have cost a
-compile); proposals a strategy settles internally (duplicates, constraint violations) are free.
+Each strategy runs its ask/tell loop against a :class:`~kernelforge.strategies.recorded.RecordedSpace`
+(replay: lookups only, no device) for a budget of evaluations, once per seed. The replay is fair:
 
-Per strategy the table reports, over seeds: the median number of evaluations until the best time
-found is within 1%, 5% and 10% of the recorded optimum, the hit rate (fraction of seeds that got
-there within the budget) and the median ratio best-found / optimum. A seed that never gets within
-a threshold counts as ``budget + 1`` evaluations in the median; a median that lands there is
-printed as ``>budget`` (more than half the seeds missed), so a median is never flattered by
-dropping the seeds that failed.
+- a configuration absent from the cache is infeasible (``Space.feasible`` excludes it): a
+  constraint, so a strategy never asks it; a proposal of one that a strategy settles itself is a
+  free tell, never an evaluation;
+- an evaluation is an ask that returned a point; a recorded failure (``"CompilationFailedConfig"``...)
+  counts and is told ``None``, as a device would have spent a compile on it;
+- the random baseline samples the feasible set only.
 
-The CLI (``kernelforge strategy-bench SPACE --strategy tpe,random --seeds N --budget B``) calls
-:func:`bench` and prints :func:`format_table`.
+Per strategy, over seeds: the median number of evaluations until the best time found is within
+1%, 5% and 10% of the recorded optimum with the hit rate (fraction of seeds that got there within
+the budget); the median best/optimum after 25, 50, 100 and 200 evaluations (the checkpoints within
+the budget) and at the end; the median and 95th percentile of the time one ``ask()`` takes (ms,
+measured around ``ask`` only, on this CPU); and the median free tells. A seed that never gets within
+a threshold counts as ``budget + 1`` evaluations in the median, so a median is never flattered by
+dropping the seeds that failed (printed ``>budget``: more than half the seeds missed).
+
+Runs are independent (one per space, strategy and seed) and seeded, so :func:`bench_spaces` gives
+the same figures (all but the times) whatever number of parallel processes runs them.
+Formatting and JSON are in :mod:`kernelforge.strategies.bench_report`; the CLI is
+``kernelforge strategy-bench PATH`` (a cache file or a folder of them).
 """
 
 from __future__ import annotations
 
+import math
+import os
 import statistics
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterator, Mapping, Sequence
 
+from kernelforge.errors import UserError
+from kernelforge.strategies.names import STRATEGY_NAMES, make_strategy
 from kernelforge.strategies.recorded import RecordedSpace
-from kernelforge.strategies.names import make_strategy
 
 #: Thresholds: "within 1%" means best <= optimum * 1.01.
 THRESHOLDS = (0.01, 0.05, 0.10)
+#: Evaluations after which the best found so far is reported (those within the budget).
+CHECKPOINTS = (25, 50, 100, 200)
+#: The strategy the summary compares the others with (Optuna's default).
+REFERENCE = "tpe"
+
+
+def default_strategies() -> tuple[str, ...]:
+    """The strategies benched when none are named: ``auto`` (when it exists), ``tpe``, ``random``."""
+    return ("auto", "tpe", "random") if "auto" in STRATEGY_NAMES else ("tpe", "random")
+
+
+def checkpoints(budget: int) -> tuple[int, ...]:
+    """The :data:`CHECKPOINTS` a run with ``budget`` evaluations reaches."""
+    return tuple(c for c in CHECKPOINTS if c <= budget)
 
 
 @dataclass(frozen=True)
 class BenchRun:
-    """One strategy, one seed: when it got within each threshold (None: not within the budget)."""
+    """One strategy, one seed, one space.
+
+    ``reached[t]``: the evaluation at which the best got within threshold ``t`` (None: not within
+    the budget); ``best_at[c]``: the best time (ms) after ``c`` evaluations (after all of them when
+    the space ran out first; None: nothing succeeded yet); ``ask_ms``: the time of every ``ask()``.
+    """
 
     strategy: str
     seed: int
@@ -40,6 +71,8 @@ class BenchRun:
     free_tells: int
     best_time: float | None
     reached: Mapping[float, int | None]
+    best_at: Mapping[int, float | None]
+    ask_ms: tuple[float, ...]
     seconds: float
 
 
@@ -48,7 +81,8 @@ class BenchRow:
     """One strategy over all seeds.
 
     ``median_evaluations[t]`` counts a seed that never reached threshold ``t`` as ``budget + 1``;
-    ``hit_rate[t]`` is the fraction of seeds that reached it within the budget.
+    ``hit_rate[t]`` is the fraction of seeds that reached it within the budget. Ratios are best /
+    optimum (``inf`` for a seed with no success); ``ask_ms_*`` pool every ask of every seed.
     """
 
     strategy: str
@@ -58,31 +92,86 @@ class BenchRow:
     median_evaluations: Mapping[float, float]
     hit_rate: Mapping[float, float]
     median_best_ratio: float
+    median_best_ratio_at: Mapping[int, float]
+    ask_ms_median: float
+    ask_ms_p95: float
     median_free_tells: float
     seconds: float
     runs: tuple[BenchRun, ...]
 
 
+@dataclass(frozen=True)
+class Relative:
+    """A strategy against the reference (``tpe``): its median evaluations to 1% as a fraction of
+    the reference's (``bound``: "" exact, ">" or "<" when one side missed in most seeds, so the
+    fraction is a bound; "?" both missed), and both hit rates to 1%."""
+
+    strategy: str
+    reference: str
+    fraction: float
+    bound: str
+    hit_rate: float
+    reference_hit_rate: float
+
+
+@dataclass(frozen=True)
+class SpaceBench:
+    """Every strategy on one recorded space: ``feasible`` recorded configurations of a
+    ``grid_size``-point grid, the optimum in ms, and one row per strategy (given order)."""
+
+    name: str
+    device: str | None
+    feasible: int
+    grid_size: int
+    optimum: float
+    optimum_point: Mapping[str, object]
+    budget: int
+    seeds: int
+    rows: tuple[BenchRow, ...]
+
+    def relative(self, reference: str = REFERENCE) -> tuple[Relative, ...]:
+        """Every other strategy against ``reference`` (empty when it was not benched)."""
+        ref = next((r for r in self.rows if r.strategy == reference), None)
+        if ref is None:
+            return ()
+        return tuple(_relative(row, ref) for row in self.rows if row.strategy != reference)
+
+
 def run_one(space: RecordedSpace, strategy: str, seed: int, budget: int) -> BenchRun:
-    """Run one strategy with one seed for up to ``budget`` evaluations on the recorded space."""
+    """Run one strategy with one seed for up to ``budget`` evaluations on the recorded space.
+
+    Raises RuntimeError when the strategy asks a configuration that is not recorded: the space's
+    feasible set excludes those, so that is a broken strategy, not a measurement.
+    """
     _, optimum = space.optimum()
+    marks = set(checkpoints(budget))
     start = time.perf_counter()
     chosen = make_strategy(strategy, space.space, seed=seed, baseline=None)
     reached: dict[float, int | None] = {t: None for t in THRESHOLDS}
+    best_at: dict[int, float | None] = {}
+    ask_ms: list[float] = []
     best: float | None = None
     evaluations = 0
     while evaluations < budget:
+        before = time.perf_counter()
         point = chosen.ask()
+        ask_ms.append((time.perf_counter() - before) * 1000)
         if point is None:
             break
+        if space.key(point) not in space.records:
+            raise RuntimeError(f"strategy {strategy!r} asked {point}, which is not a recorded (feasible) configuration")
         evaluations += 1
-        value = space.lookup(point)
+        value = space.lookup(point)  # None for a recorded failure: told as failed, counted
         chosen.tell(point, value)
         if value is not None and (best is None or value < best):
             best = value
             for t in THRESHOLDS:
                 if reached[t] is None and best <= optimum * (1 + t):
                     reached[t] = evaluations
+        if evaluations in marks:
+            best_at[evaluations] = best
+    for mark in sorted(marks - set(best_at)):
+        best_at[mark] = best  # the strategy ran out first: its best stands
     return BenchRun(
         strategy=strategy,
         seed=seed,
@@ -90,40 +179,111 @@ def run_one(space: RecordedSpace, strategy: str, seed: int, budget: int) -> Benc
         free_tells=chosen.free_tells,
         best_time=best,
         reached=reached,
+        best_at=dict(sorted(best_at.items())),
+        ask_ms=tuple(ask_ms),
         seconds=time.perf_counter() - start,
     )
 
 
-def bench(space: RecordedSpace, strategies: list[str], seeds: int, budget: int) -> list[BenchRow]:
-    """Run every strategy for seeds ``0..seeds-1`` with ``budget`` evaluations each.
+def bench(space: RecordedSpace, strategies: Sequence[str], seeds: int, budget: int, *, jobs: int = 1) -> list[BenchRow]:
+    """Run every strategy for seeds ``0..seeds-1`` with ``budget`` evaluations each on one space
+    (see :func:`bench_spaces`); rows in the order given, random last when it was added."""
+    (result,) = bench_spaces([space], strategies, seeds=seeds, budget=budget, jobs=jobs)
+    return list(result.rows)
 
-    Random search is always included for reference. Rows come in the order given (random last
-    when it was added).
+
+def strategy_list(strategies: Sequence[str]) -> list[str]:
+    """The strategies to bench: ``strategies`` without repeats, ``random`` appended when missing
+    (the baseline every figure is read against). Raises UserError when none is named."""
+    names = list(dict.fromkeys(s for s in strategies if s))
+    if not names:
+        raise UserError(f"--strategy names no strategy; give a comma-separated list of {', '.join(STRATEGY_NAMES)}")
+    if "random" not in names:
+        names.append("random")
+    return names
+
+
+def bench_spaces(
+    spaces: Sequence[RecordedSpace], strategies: Sequence[str], *, seeds: int, budget: int, jobs: int | None = 1
+) -> Iterator[SpaceBench]:
+    """Bench every strategy (see :func:`strategy_list`) for seeds ``0..seeds-1`` with ``budget``
+    evaluations on each space, yielding one :class:`SpaceBench` per space in order as soon as its
+    runs are done.
+
+    ``jobs``: parallel processes (None: ``os.cpu_count()``); each (space, strategy, seed) run is a
+    task; 1 runs them in this process. The figures do not depend on ``jobs`` (runs are seeded),
+    only the measured times do. Unknown strategy names, or one whose packages are missing, raise
+    UserError before any run starts.
     """
     if seeds < 1 or budget < 1:
         raise ValueError("seeds and budget must be at least 1")
-    names = list(dict.fromkeys(strategies))
-    if "random" not in names:
-        names.append("random")
-    # Validate every name (and optional packages) before spending time on any run.
-    for name in names:
-        make_strategy(name, space.space, seed=0)
-    _, optimum = space.optimum()
-    rows = []
-    for name in names:
-        runs = tuple(run_one(space, name, seed, budget) for seed in range(seeds))
-        rows.append(_summarise(name, runs, budget, optimum))
-    return rows
+    names = strategy_list(strategies)
+    spaces = list(spaces)
+    for space in spaces:
+        space.optimum()  # a space with no recorded time: UserError now, not in a worker
+    for name in names if spaces else ():
+        make_strategy(name, spaces[0].space, seed=0)
+    tasks = [(i, name, seed) for i in range(len(spaces)) for name in names for seed in range(seeds)]
+    jobs = min(jobs or os.cpu_count() or 1, max(1, len(tasks)))
+    per_space = len(names) * seeds
+    if jobs == 1:
+        runs = (run_one(spaces[i], name, seed, budget) for i, name, seed in tasks)
+        yield from _group(spaces, names, seeds, budget, runs, per_space)
+        return
+    # The spaces go to each worker once (initializer), the tasks are small tuples.
+    with ProcessPoolExecutor(max_workers=jobs, initializer=_init_worker, initargs=(tuple(spaces), budget)) as pool:
+        runs = pool.map(_run_task, tasks, chunksize=1)  # results in task order, whatever finishes first
+        yield from _group(spaces, names, seeds, budget, runs, per_space)
 
 
-def _summarise(name: str, runs: tuple[BenchRun, ...], budget: int, optimum: float) -> BenchRow:
+def _group(spaces: list[RecordedSpace], names: list[str], seeds: int, budget: int, runs: Iterator[BenchRun],
+           per_space: int) -> Iterator[SpaceBench]:
+    runs = iter(runs)
+    for space in spaces:
+        done = [next(runs) for _ in range(per_space)]
+        point, optimum = space.optimum()
+        rows = tuple(
+            summarise(name, tuple(done[k * seeds:(k + 1) * seeds]), budget, optimum) for k, name in enumerate(names)
+        )
+        yield SpaceBench(
+            name=space.name,
+            device=space.device,
+            feasible=len(space.records),
+            grid_size=space.space.size,
+            optimum=optimum,
+            optimum_point=point,
+            budget=budget,
+            seeds=seeds,
+            rows=rows,
+        )
+
+
+# A worker process's spaces and budget, set once by its initializer (the pool's processes are ours).
+_WORKER: dict[str, object] = {}
+
+
+def _init_worker(spaces: tuple[RecordedSpace, ...], budget: int) -> None:
+    _WORKER["spaces"] = spaces
+    _WORKER["budget"] = budget
+
+
+def _run_task(task: tuple[int, str, int]) -> BenchRun:
+    index, name, seed = task
+    spaces: tuple[RecordedSpace, ...] = _WORKER["spaces"]  # type: ignore[assignment]
+    budget: int = _WORKER["budget"]  # type: ignore[assignment]
+    return run_one(spaces[index], name, seed, budget)
+
+
+def summarise(name: str, runs: tuple[BenchRun, ...], budget: int, optimum: float) -> BenchRow:
+    """The figures of one strategy's runs (see :class:`BenchRow`)."""
     median_evaluations = {}
     hit_rate = {}
     for t in THRESHOLDS:
         counts = [r.reached[t] if r.reached[t] is not None else budget + 1 for r in runs]
         median_evaluations[t] = statistics.median(counts)
         hit_rate[t] = sum(r.reached[t] is not None for r in runs) / len(runs)
-    ratios = [r.best_time / optimum if r.best_time is not None else float("inf") for r in runs]
+    at = {c: statistics.median(ratio(r.best_at[c], optimum) for r in runs) for c in checkpoints(budget)}
+    asks = sorted(ms for r in runs for ms in r.ask_ms)
     return BenchRow(
         strategy=name,
         seeds=len(runs),
@@ -131,43 +291,38 @@ def _summarise(name: str, runs: tuple[BenchRun, ...], budget: int, optimum: floa
         optimum=optimum,
         median_evaluations=median_evaluations,
         hit_rate=hit_rate,
-        median_best_ratio=statistics.median(ratios),
+        median_best_ratio=statistics.median(ratio(r.best_time, optimum) for r in runs),
+        median_best_ratio_at=at,
+        ask_ms_median=statistics.median(asks) if asks else 0.0,
+        ask_ms_p95=percentile(asks, 0.95),
         median_free_tells=statistics.median(r.free_tells for r in runs),
         seconds=sum(r.seconds for r in runs),
         runs=runs,
     )
 
 
-def _median_text(value: float, budget: int) -> str:
-    if value > budget:
-        return f">{budget}"
-    return f"{value:g}"
+def ratio(best: float | None, optimum: float) -> float:
+    """best / optimum; ``inf`` when nothing succeeded."""
+    return best / optimum if best is not None else math.inf
 
 
-def format_table(rows: list[BenchRow]) -> str:
-    """A plain-text table of bench rows (one line per strategy)."""
-    if not rows:
-        return "(no strategies)"
-    first = rows[0]
-    head = ["strategy"]
-    head += [f"evals to {t:.0%}" for t in THRESHOLDS]
-    head += [f"hit {t:.0%}" for t in THRESHOLDS]
-    head += ["best/opt", "free tells", "seconds"]
-    lines = [head]
-    for row in rows:
-        cells = [row.strategy]
-        cells += [_median_text(row.median_evaluations[t], row.budget) for t in THRESHOLDS]
-        cells += [f"{row.hit_rate[t]:.0%}" for t in THRESHOLDS]
-        cells += [f"{row.median_best_ratio:.3f}", f"{row.median_free_tells:g}", f"{row.seconds:.1f}"]
-        lines.append(cells)
-    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    out = [
-        f"medians over {first.seeds} seeds, budget {first.budget} evaluations, optimum "
-        f"{first.optimum:.6g} ms; a seed that misses a threshold counts as budget+1 "
-        f"(\">{first.budget}\": most seeds missed it)"
-    ]
-    for i, line in enumerate(lines):
-        out.append("  ".join(cell.ljust(w) if j == 0 else cell.rjust(w) for j, (cell, w) in enumerate(zip(line, widths))))
-        if i == 0:
-            out.append("  ".join("-" * w for w in widths))
-    return "\n".join(out)
+def percentile(ordered: Sequence[float], q: float) -> float:
+    """The nearest-rank ``q`` quantile of sorted values (0.0 for none)."""
+    if not ordered:
+        return 0.0
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def _relative(row: BenchRow, ref: BenchRow) -> Relative:
+    t = THRESHOLDS[0]
+    mine, theirs = row.median_evaluations[t], ref.median_evaluations[t]
+    missed, ref_missed = mine > row.budget, theirs > ref.budget
+    bound = "?" if missed and ref_missed else ">" if missed else "<" if ref_missed else ""
+    return Relative(
+        strategy=row.strategy,
+        reference=ref.strategy,
+        fraction=mine / theirs,
+        bound=bound,
+        hit_rate=row.hit_rate[t],
+        reference_hit_rate=ref.hit_rate[t],
+    )

@@ -7,7 +7,14 @@ order), whose ``time`` is milliseconds or a failure string (``"InvalidConfig"``,
 measures, so a file from an interrupted run ends without its closing braces: the loader keeps every
 complete record and drops the partial one.
 
-Strategies are compared on these files with no device at all (:mod:`kernelforge.strategies.bench`).
+A configuration absent from the cache was ruled out by the kernel's restrictions (Kernel Tuner never
+compiled it): it is infeasible, so the space lists only the recorded configurations
+(``Space.feasible``) and a strategy never proposes another. A recorded failure (``"InvalidConfig"``,
+``"CompilationFailedConfig"``...) is feasible: proposing it costs an evaluation, told as failed,
+as on a device.
+
+Strategies are compared on these files with no device at all (:mod:`kernelforge.strategies.bench`);
+:func:`cache_files` lists the cache files of a folder.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -35,8 +42,9 @@ class RecordedSpace:
     """A fully (or partly) measured search space: every recorded configuration and its outcome.
 
     ``records`` maps a point key (values in ``space.names`` order, typed as in ``tune_params``) to
-    the recorded objective in ms (a float) or a failure string. Points of the space that are not
-    recorded count as invalid: Kernel Tuner skips configurations its restrictions rule out.
+    the recorded objective in ms (a float) or a failure string. ``space.feasible`` is the set of
+    recorded keys: a point that is not recorded is not a point of ``space`` (Kernel Tuner skips
+    the configurations its restrictions rule out), while a recorded failure is one.
     """
 
     name: str
@@ -73,6 +81,25 @@ class RecordedSpace:
         if best is None:
             raise UserError(f"{self.name}: no configuration has a recorded time; nothing to optimise")
         return dict(zip(self.space.names, best[0])), best[1]
+
+
+#: The file names :func:`cache_files` takes from a folder.
+CACHE_SUFFIXES = (".json", ".json.gz")
+
+
+def cache_files(path: str | Path) -> list[Path]:
+    """The Kernel Tuner cache files ``path`` names: the file itself, or every ``*.json`` and
+    ``*.json.gz`` of a folder (sorted by name). Raises :class:`UserError` naming the path when it
+    does not exist or the folder holds no cache file."""
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise UserError(f"{path}: no such file or folder; give a Kernel Tuner cache file or a folder of them")
+    found = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(CACHE_SUFFIXES))
+    if not found:
+        raise UserError(f"{path}: the folder holds no cache file (*.json or *.json.gz); {_EXPECTED}")
+    return found
 
 
 def load_kernel_tuner_cache(path: str | Path) -> RecordedSpace:
@@ -203,6 +230,8 @@ def _build(data: dict[str, Any], path: Path) -> RecordedSpace:
             records[key] = time
         else:
             records[key] = "InvalidRecord"
+    # Only the recorded configurations exist: the others are constraints, never evaluations.
+    space = replace(space, feasible=frozenset(records))
     name = path.name.removesuffix(".gz").removesuffix(".json")
     device = data.get("device_name")
     return RecordedSpace(

@@ -40,9 +40,10 @@ class GridStrategy(Strategy):
 class RandomStrategy(Strategy):
     """Uniform sampling without replacement over the valid points, seeded; the baseline first.
 
-    Spaces up to ``enumerate_limit`` points (before constraints) are enumerated and shuffled once;
-    larger ones are sampled by rejection, falling back to enumerating what is left once rejection
-    keeps failing (a nearly exhausted or mostly infeasible space).
+    Spaces up to ``enumerate_limit`` points (before constraints), or with a feasible set
+    (``Space.feasible``) up to that size, are enumerated and shuffled once; larger ones are sampled
+    by rejection, falling back to enumerating what is left once rejection keeps failing (a nearly
+    exhausted or mostly infeasible space).
     """
 
     name = "random"
@@ -52,7 +53,9 @@ class RandomStrategy(Strategy):
         super().__init__(space, seed=seed, baseline=baseline)
         self._rng = random.Random(seed)
         self._queue: list[Key] | None = None
-        if space.size <= self.enumerate_limit:
+        # A small feasible set in a huge grid is listed directly: rejection would rarely hit it.
+        small = space.feasible is not None and len(space.feasible) <= self.enumerate_limit
+        if space.size <= self.enumerate_limit or small:
             self._fill_queue()
 
     def _fill_queue(self) -> None:
