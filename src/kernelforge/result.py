@@ -11,7 +11,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 if TYPE_CHECKING:
     from kernelforge.block import Counts, Shape
@@ -131,6 +131,20 @@ class StoredResult:
     @property
     def ok(self) -> bool:
         return self.status is Status.OK
+
+
+def resource_rejected(compile_status: str | None, results: Iterable[StoredResult]) -> bool:
+    """Whether a candidate's stored ``results`` are a resource rejection: its ahead-of-time compile
+    for the run's target ended ``rejected`` (``compile_status``, the stored compile's: a kernel over
+    the target's shared memory, threads or tensor memory, see
+    :func:`kernelforge.compile.resources.limit_problems`) and so every result is ``rejected``:
+    nothing of it ran. Such a configuration is infeasible on that target, not a failed evaluation:
+    the search tells its strategy ``infeasible`` and charges no budget. A compile error, a policy
+    rejection (no compile) or an executor's rejection (the compile was ``ok``) is the candidate's
+    failure, an evaluation like any other. The one place this is decided (the search, its resume)."""
+    results = list(results)
+    return (compile_status == Status.REJECTED.value and bool(results)
+            and all(r.status is Status.REJECTED for r in results))
 
 
 def format_seconds(seconds: float) -> str:

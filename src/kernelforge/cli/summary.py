@@ -24,7 +24,9 @@ def print_summary(job, catalog, store, outcome, report_path: Path | None) -> Non
     say = lambda text: err_console.print(redact(text), markup=False, soft_wrap=True)  # noqa: E731
     ran = ("already complete: nothing ran" if outcome.complete else
            f"{outcome.evaluations} evaluations this run, {outcome.duplicates} answered from the store"
-           + (f", {outcome.from_peers} by other workers" if outcome.from_peers else ""))
+           + (f", {outcome.from_peers} by other workers" if outcome.from_peers else "")
+           + (f", {outcome.infeasible} rejected by the compile for the target's resources (no evaluation)"
+              if outcome.infeasible else ""))
     say(f"{job.name}: {ran}; {stored} candidates of this job stored in {redact_url(job.storage_url)}")
     width = max((len(b.block) for b in report.blocks), default=0)
     failures: Counter = Counter()

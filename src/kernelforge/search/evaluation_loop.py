@@ -6,8 +6,11 @@ Round-robin over the open studies, a fresh proposed template first; ``PREFETCH``
 compile while the device works on the one before them, so the device does not wait on the
 compiler. A point already stored (the baseline, a resumed search, another template, a peer) is
 free; a point a live peer is measuring waits for its results; a dead worker's claim is taken
-over. The loop ends when every study is spent or exhausted and no live peer holds a claim (it may
-yet die and leave it to us), or at the deadline.
+over. A candidate the ahead-of-time compile rejects for the target's resources (shared memory,
+threads, tensor memory over the limit) is infeasible, not an evaluation: its results are stored,
+its strategy is told ``infeasible``, and its budget unit goes back (issue 14). The loop ends when
+every study is spent or exhausted and no live peer holds a claim (it may yet die and leave it to
+us), or at the deadline.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class SearchOutcome:
     stopped: bool = False
     reason: str = ""
     from_peers: int = 0  # points this worker's strategy asked that a peer evaluated
+    infeasible: int = 0  # points this worker's compiles found infeasible on the target (no evaluation, no budget)
     complete: bool = False  # the job was already searched and confirmed: nothing ran
     winners: dict[str, list[Confirmation]] = field(default_factory=dict)
     llm: dict[str, Any] = field(default_factory=dict)  # the proposer's summary, when one ran
@@ -96,12 +100,17 @@ class EvaluationLoop:
         return None
 
     def _observe(self, study: Study, point: dict[str, Any], candidate: Candidate,
-                 ordered: list[StoredResult]) -> float | None:
-        """Tell the strategy the objective of a point (and the proposer how its template's own
-        point did); returns the objective."""
+                 ordered: list[StoredResult], infeasible: str | None) -> float | None:
+        """Tell the strategy a point's stored results (and the proposer how its template's own
+        point did): their objective, or ``infeasible`` with its reason when they are a resource
+        rejection (:meth:`Pipeline.infeasible`: nothing ran). Returns the objective."""
         baseline = self.baselines[study.block.id]
-        value = time_ratio(ordered, baseline)
-        study.strategy.tell(point, value)
+        value = None
+        if infeasible is not None:
+            study.strategy.infeasible(point, infeasible)
+        else:
+            value = time_ratio(ordered, baseline)
+            study.strategy.tell(point, value)
         if self.proposals is not None:
             self.proposals.observe(study, candidate, ordered, baseline)
         return value
@@ -175,7 +184,9 @@ class EvaluationLoop:
         stored = self.pipeline.stored(item.candidate, study.shapes)
         if len(stored) < len(study.shapes):
             return False
-        self._observe(study, item.point, item.candidate, [stored[s.name] for s in study.shapes])
+        ordered = [stored[s.name] for s in study.shapes]
+        # A stored resource rejection is told ``infeasible``, as where it was compiled.
+        self._observe(study, item.point, item.candidate, ordered, self.pipeline.infeasible(item.candidate, ordered))
         if peer:
             self.outcome.from_peers += 1
         else:
@@ -188,12 +199,25 @@ class EvaluationLoop:
         results = self.pipeline.measure(study.block, item.candidate, study.shapes, item.compiled,
                                         study.template.deterministic)
         self.shares.finish(study, item.candidate)
+        ordered = [results[s.name] for s in study.shapes]
+        reason = self.pipeline.infeasible(item.candidate, ordered)
         if item.paid:
             study.in_flight -= 1
+        if reason is not None:
+            # Infeasible on the target (the device never ran it): stored, but no evaluation; the
+            # unit its claim was granted goes back (a dead worker's claim taken over included).
+            self.shares.refund(study)
+            self.outcome.infeasible += 1
+            self._observe(study, item.point, item.candidate, ordered, reason)
+            self.run.progress.event(
+                "infeasible", block=study.block.id, template=study.template.id, candidate=item.candidate.id,
+                params=item.point, status=ordered[0].status.value, message=reason, origin=item.candidate.origin,
+            )
+            return
+        if item.paid:
             study.spent += 1
         self.outcome.evaluations += 1
-        ordered = [results[s.name] for s in study.shapes]
-        value = self._observe(study, item.point, item.candidate, ordered)
+        value = self._observe(study, item.point, item.candidate, ordered, None)
         failed = next((r for r in ordered if not r.ok), None)
         self.run.progress.event(
             "evaluated", block=study.block.id, template=study.template.id, candidate=item.candidate.id,

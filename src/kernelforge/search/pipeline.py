@@ -17,7 +17,8 @@ from kernelforge.block import Block, Shape
 from kernelforge.candidate import Candidate
 from kernelforge.errors import UserError
 from kernelforge.execute.timing import TimingPlan
-from kernelforge.result import Evaluation, Status, StoredResult, Verification
+from kernelforge.compile.targets import parse_target
+from kernelforge.result import Evaluation, Status, StoredResult, Verification, resource_rejected
 from kernelforge.search.context import RunContext
 from kernelforge.search.gate import PolicyGate
 from kernelforge.search.shared import shapes_key
@@ -46,6 +47,20 @@ class Pipeline:
             if row is not None:
                 found[shape.name] = row
         return found
+
+    def infeasible(self, candidate: Candidate, results: list[StoredResult]) -> str | None:
+        """Why ``candidate`` cannot run here when its ``results`` are a resource rejection (the
+        ahead-of-time compile for this run's target, or for any target when this run compiles
+        nothing, rejected it: :func:`kernelforge.result.resource_rejected`): the compile's
+        message, e.g. ``sm_90: kernel _matmul needs 393216 bytes of shared memory...``. None when
+        they are an evaluation (ok, or a failure of the candidate's own)."""
+        if not results or any(r.status is not Status.REJECTED for r in results):
+            return None  # the common case, decided without a query
+        target = parse_target(self.run.target).name if self.run.target else None
+        records = self.run.store.compiles([candidate.id], self.run.dtype_name)
+        rejected = next((c for c in records if (target is None or c.target == target)
+                         and resource_rejected(c.status, results)), None)
+        return f"{rejected.target}: {rejected.message}" if rejected is not None else None
 
     def submit_compile(self, candidate: Candidate) -> Future | None:
         """Start compiling ``candidate`` ahead of time (None: not compiled, or refused by the gate)."""

@@ -21,6 +21,7 @@ from kernelforge.block import Shape
 from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
 from kernelforge.job import BlockSpec, Job
+from kernelforge.result import resource_rejected
 
 
 @dataclass(frozen=True)
@@ -141,4 +142,7 @@ def already_spent(store, job: Job, catalog: Catalog, planned: PlannedStudy) -> i
         on_every_shape = set.intersection(*(store.evaluated(job.name, planned.block_id, planned.template_id,
                                                             shape.name, job.dtype) for shape in planned.shapes))
         free |= (ids - free) - on_every_shape
+    # A candidate the compile rejected for the target's resources cost no evaluation (issue 14).
+    free |= {c.candidate_id for c in store.compiles(evaluated - free, job.dtype)
+             if resource_rejected(c.status, store.results(candidate_id=c.candidate_id, dtype=job.dtype))}
     return len(evaluated - free)

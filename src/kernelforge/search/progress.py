@@ -1,6 +1,7 @@
 """Progress of a search: a live terminal view, JSON lines for scripts, or quiet.
 
-The search reports events (``start``, ``baseline``, ``evaluated``, ``duplicate``, ``confirmed``,
+The search reports events (``start``, ``baseline``, ``evaluated``, ``duplicate``, ``infeasible``
+(a candidate the compile rejected for the target's resources: no evaluation), ``confirmed``,
 ``end``); a progress object turns them into output and never influences the search. A
 ``baseline`` event comes per distinct baseline candidate of a block, with the shapes it is the
 baseline of and its ``source`` (a ``[[baselines]]`` rule's, or ``[template] baseline_source``).
@@ -77,6 +78,8 @@ class LiveProgress(Progress):
                 self.best[block] = max(self.best.get(block, 0.0), data["speedup"])
         elif kind == "duplicate":
             self.duplicates[block] += 1
+        elif kind == "infeasible":  # rejected by the compile for the target's resources: no evaluation
+            self.failures[block]["infeasible"] += 1
         elif kind == "baseline":
             self.best.setdefault(block, 1.0)
             if data.get("source"):

@@ -86,6 +86,13 @@ class Shares:
         """Our claim's results are stored."""
         self.ledger.finish(candidate.id, shapes_key(study.shapes))
 
+    def refund(self, study: Study) -> None:
+        """Our finished claim cost no evaluation (infeasible on the target): its budget unit goes
+        back to ``study`` in the ledger, and the study takes the ledger's numbers (the caller has
+        already taken the claim out of ``in_flight``)."""
+        self._sync(study)  # a budget raised here since the last claim reaches the ledger first
+        self._take(study, self.ledger.refund(study.name))
+
     def poll(self, complete: Callable[[Waiting], bool], start: Callable[[Waiting, bool], None]) -> None:
         """Look again at every waiting point: ``complete(item)`` reads and tells its stored results
         (True when they were all there); a claim released or left by a dead peer is claimed and

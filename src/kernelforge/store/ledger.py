@@ -15,10 +15,13 @@ transaction:
   unique, so of two workers claiming the same candidate at once one gets it and the other's whole
   transaction (its grant included) is rolled back.
 
-So the budget is shared and spent exactly, nothing is evaluated twice under one environment, and a
-killed worker's claims are finished by the others. A worker that stops (Ctrl-C, SIGTERM) releases
-its open claims and their budget units (:meth:`Ledger.leave`); one that is killed leaves them to be
-taken over. Every row is keyed by job: other jobs in the same database are not affected.
+A claim whose candidate turns out infeasible on the target (rejected by the ahead-of-time
+compile for its resources: nothing ran) gets its unit back (:meth:`Ledger.refund`) and stays done.
+So the budget is shared and spent exactly on device evaluations, nothing is evaluated twice under
+one environment, and a killed worker's claims are finished by the others. A worker that stops
+(Ctrl-C, SIGTERM) releases its open claims and their budget units (:meth:`Ledger.leave`); one that
+is killed leaves them to be taken over. Every row is keyed by job: other jobs in the same database
+are not affected.
 """
 
 from __future__ import annotations
@@ -180,6 +183,16 @@ class Ledger:
         """Give ``study`` ``extra`` more evaluations (a reserve handed back, a proposed point)."""
         with self.engine.begin() as conn:
             conn.execute(budgets_table.update().where(self._study(study)).values(budget=budgets_table.c.budget + extra))
+        return self.budget(study)
+
+    def refund(self, study: str) -> Budget:
+        """Give back one unit granted to ``study``: a claimed candidate that cost no evaluation
+        (the ahead-of-time compile found it infeasible on the target, so the device never ran it).
+        Its claim stays ``done`` (its results are stored: no peer evaluates it again). One
+        conditional update (``granted > 0``), atomic on SQLite and PostgreSQL alike."""
+        with self.engine.begin() as conn:
+            conn.execute(budgets_table.update().where(self._study(study) & (budgets_table.c.granted > 0))
+                         .values(granted=budgets_table.c.granted - 1))
         return self.budget(study)
 
     def budget(self, study: str) -> Budget:

@@ -285,6 +285,13 @@ class OptunaStrategy(Strategy):
             self.study.tell(trial, state=self._optuna.trial.TrialState.FAIL, skip_if_finished=True)
             self._seen_trials.add(trial.number)
 
+    def _learn_infeasible(self, key: Key, reason: str) -> None:
+        """An asked point that cannot run: its trial is told the failure penalty (the sampler
+        learns to stay away), marked ``infeasible``, and costs no evaluation."""
+        trial = self._trials.pop(key, None)
+        if trial is not None:
+            self._close(trial, self.point(key), None, "infeasible")
+
     def heartbeat(self) -> None:
         """Beat for this strategy's RUNNING trials and fail the shared study's stale ones."""
         self._beats.beat()
@@ -376,4 +383,6 @@ def _make_sampler(optuna: Any, sampler: str, seed: int, space: Space, choices: A
 
 def _require(module: str, what: str) -> None:
     if importlib.util.find_spec(module) is None:
-        raise UserError(f"{what} needs the Python package '{module}', which is not installed; pip install {module}")
+        extra = {"scipy": "gp", "cmaes": "cmaes"}.get(module)  # pyproject.toml's optional extras
+        raise UserError(f"{what} needs the Python package '{module}', which is not installed; pip install "
+                        + (f"'kernelforge[{extra}]'" if extra else module))
