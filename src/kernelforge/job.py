@@ -15,6 +15,7 @@
     name = "tpe"                  # tpe | random | grid | gp | cmaes | nsga2 | optuna-random (strategies.names)
     evaluations = 8               # per block (per block and shape with tune = "per-shape")
     max_minutes = 3.0             # optional wall-clock cap for the whole job
+    warm_start = ["h100-run"]     # optional: first ask the best points of these jobs ("shapes": other shapes)
 
     [[blocks]]
     id = "attention/gpt_oss_prefill"
@@ -81,11 +82,11 @@ class Tune(str, Enum):
 TUNE_MODES = tuple(t.value for t in Tune)
 
 _JOB_KEYS = {"name", "description", "device", "target", "dtype", "seed", "storage", "tune"}
-_STRATEGY_KEYS = {"name", "evaluations", "max_minutes"}
+_STRATEGY_KEYS = {"name", "evaluations", "max_minutes", "warm_start"}
 _BLOCK_KEYS = {"id", "shapes", "templates"}
 _LLM_KEYS = {"base_url", "model", "api_key_env", "max_calls", "max_tokens", "max_minutes", "concurrency",
              "timeout_s", "max_retries", "repair_turns", "temperature", "response_tokens", "tune_share",
-             "tune_evaluations"}
+             "tune_evaluations", "guide_points"}
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,12 @@ class StrategySpec:
     name: str = "tpe"
     evaluations: int = 16
     max_minutes: float | None = None
+    warm_start: tuple[str, ...] = ()  # where the first points come from (kernelforge.search.warm)
+
+
+#: The most points ``[llm] guide_points`` may ask the LLM for (one answer; a longer list is a
+#: bigger prompt and answer for points the job's strategy would find anyway).
+MAX_GUIDE_POINTS = 64
 
 
 @dataclass(frozen=True)
@@ -117,6 +124,10 @@ class LLMSpec:
     with its error. ``tune_share`` of each block's evaluations is reserved for what the LLM writes
     (its templates, each tuned by the job's strategy for up to ``tune_evaluations`` more points,
     and the points it proposes); whatever the LLM leaves unused goes back to the human templates.
+
+    ``guide_points``: how many points of each study's space the LLM is asked for once, after the
+    baseline points, before the job's strategy takes over (:mod:`kernelforge.llm.advisor`,
+    :mod:`kernelforge.strategies.guided`); 0 (the default) asks for none.
 
     ``replay`` is set by ``kernelforge search --llm replay[:PATH]``: the storage URL whose stored
     transcripts answer instead of the endpoint.
@@ -136,6 +147,7 @@ class LLMSpec:
     response_tokens: int | None = None
     tune_share: float = 0.5
     tune_evaluations: int = 4
+    guide_points: int = 0
     replay: str | None = None
 
 
@@ -238,6 +250,7 @@ def parse_job(raw: dict[str, Any], path: Path, catalog=None) -> Job:
         _typed(f"{path} [strategy] max_minutes", max_minutes, (int, float), "a number of minutes")
         if max_minutes <= 0:
             raise UserError(f"{path} [strategy] max_minutes: must be positive, got {max_minutes}")
+    warm_start = warm_sources(strategy.get("warm_start", []), f"{path} [strategy] warm_start")
 
     raw_blocks = raw.get("blocks")
     if not raw_blocks:
@@ -272,10 +285,20 @@ def parse_job(raw: dict[str, Any], path: Path, catalog=None) -> Job:
 
     return Job(
         name=name, path=path, blocks=tuple(blocks),
-        strategy=StrategySpec(strategy_name, evaluations, float(max_minutes) if max_minutes is not None else None),
+        strategy=StrategySpec(strategy_name, evaluations, float(max_minutes) if max_minutes is not None else None,
+                              warm_start),
         device=device, target=target, dtype=dtype, seed=seed, storage=storage, tune=Tune(tune),
         description=str(job.get("description", "")), llm=llm,
     )
+
+
+def warm_sources(values: Any, where: str) -> tuple[str, ...]:
+    """Warm-start sources (job names, or ``shapes``: :mod:`kernelforge.search.warm`), each once, in order."""
+    _typed(where, values, list, 'a list of job names, e.g. ["h100-run"], or "shapes" (other shapes of the template)')
+    for value in values:
+        if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*", value):
+            raise UserError(f'{where}: {value!r} is not a job name (letters, digits, "-", "_", ".") or "shapes"')
+    return tuple(dict.fromkeys(values))
 
 
 def parse_llm(table: dict[str, Any], where: str, *, require_endpoint: bool = True) -> LLMSpec:
@@ -317,6 +340,10 @@ def parse_llm(table: dict[str, Any], where: str, *, require_endpoint: bool = Tru
     max_minutes = table.get("max_minutes", defaults.max_minutes)
     if "max_minutes" in table:
         max_minutes = number("max_minutes", 0.0)
+    guide_points = integer("guide_points", 0)
+    if guide_points > MAX_GUIDE_POINTS:
+        raise UserError(f"{where} guide_points: must be between 0 and {MAX_GUIDE_POINTS} (points the LLM is asked "
+                        f"for once per study; 0 asks for none), got {guide_points}")
     response_tokens = table.get("response_tokens")
     if response_tokens is not None:
         response_tokens = integer("response_tokens", 1)
@@ -327,6 +354,7 @@ def parse_llm(table: dict[str, Any], where: str, *, require_endpoint: bool = Tru
         max_retries=integer("max_retries", 0), repair_turns=integer("repair_turns", 0),
         temperature=number("temperature", 0.0, 2.0, allow_zero=True), response_tokens=response_tokens,
         tune_share=number("tune_share", 0.0, 1.0), tune_evaluations=integer("tune_evaluations", 0),
+        guide_points=guide_points,
     )
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from kernelforge.cli.common import console, load_job
+from kernelforge.cli.common import load_job
 from kernelforge.cli.dry_run import print_plan
 from kernelforge.cli.signals import EXIT_INTERRUPTED, EXIT_TERMINATED, install_stop_signals
 from kernelforge.cli.summary import print_summary
@@ -39,6 +39,10 @@ from kernelforge.strategies.names import STRATEGY_NAMES
                    "stored, then exit without evaluating anything.")
 @click.option("--reconfirm", is_flag=True,
               help="Re-time the winners of a job that is already complete (a plain rerun changes nothing).")
+@click.option("--warm-start", "warm_start", multiple=True, metavar="JOB|shapes",
+              help="Ask first the best stored configurations of job JOB in the same storage (measured on any "
+                   "device), or of the template's other shapes ('shapes'); repeatable or comma-separated; "
+                   "replaces the job's [strategy] warm_start.")
 # -- launcher options (kernelforge.search.launch): many workers of this job -------------------------
 @click.option("--workers", type=click.IntRange(1), default=None, metavar="N",
               help="Start N worker processes of this job on this host (they share the job's database).")
@@ -51,7 +55,8 @@ from kernelforge.strategies.names import STRATEGY_NAMES
 def search(ctx: click.Context, job_file: str, storage: str | None, device_name: str | None,
            progress_mode: str | None, no_compile: bool, report: bool, llm_mode: str | None,
            llm_model: str | None, llm_key_env: str | None, in_process: bool = False, dry_run: bool = False,
-           reconfirm: bool = False, workers: int | None = None, gpus: str | None = None, ray_address: str | None = None) -> None:
+           reconfirm: bool = False, warm_start: tuple[str, ...] = (), workers: int | None = None, gpus: str | None = None,
+           ray_address: str | None = None) -> None:
     """Run (or resume) the search described by JOB; rerunning continues where it stopped.
 
     JOB is a job file, or the name of a job under search/ (``demo`` is search/demo.toml).
@@ -62,6 +67,13 @@ def search(ctx: click.Context, job_file: str, storage: str | None, device_name: 
         ctx.exit(launch(ctx, workers, gpus, ray_address))
     job, catalog = load_job(ctx, job_file, storage)
     job = with_llm(job, llm_mode, llm_model, llm_key_env)
+    if warm_start:
+        from dataclasses import replace
+
+        from kernelforge.job import warm_sources
+
+        sources = warm_sources([s.strip() for item in warm_start for s in item.split(",") if s.strip()], "--warm-start")
+        job = replace(job, strategy=replace(job.strategy, warm_start=sources))
     if dry_run:
         print_plan(job, catalog, device_name=device_name, compile_enabled=not no_compile)
         return
@@ -73,10 +85,12 @@ def search(ctx: click.Context, job_file: str, storage: str | None, device_name: 
     from kernelforge.search.progress import make_progress
     from kernelforge.compile.ray_pool import pool_from_environment
     from kernelforge.search.supervise import compile_workers_from_env
+    from kernelforge.search.warm import check_sources
     from kernelforge.store.store import Store
 
     require_llm_endpoint(job)
     store = Store(job.storage_url)
+    check_sources(store, job.name, job.strategy.warm_start)  # an unknown source: one line, before anything runs
     mode = progress_mode or ("live" if sys.stdout.isatty() else "jsonl")
     progress = make_progress(mode)
     pool = None if no_compile else pool_from_environment()  # a --ray worker compiles on the cluster's CPUs
@@ -130,19 +144,37 @@ def with_llm(job, mode: str | None, model: str | None, key_env: str | None):
 
 
 @click.command(name="strategy-bench")
-@click.argument("space_file", type=click.Path(dir_okay=False))
-@click.option("--strategy", "strategies", default="tpe,random", show_default=True,
-              help="Comma-separated strategies (" + ", ".join(STRATEGY_NAMES) + "); random search is always "
-                   "included for reference.")
-@click.option("--seeds", default=10, show_default=True, type=click.IntRange(1))
-@click.option("--budget", default=100, show_default=True, type=click.IntRange(1))
-def strategy_bench(space_file: str, strategies: str, seeds: int, budget: int) -> None:
-    """Compare search strategies on a recorded tuning space (a Kernel Tuner cache file): evaluations
-    needed to get within 1%, 5% and 10% of the space's optimum, over SEEDS seeds."""
-    from kernelforge.strategies.recorded import load_kernel_tuner_cache
-    from kernelforge.strategies.bench import bench, format_table
+@click.argument("path", metavar="PATH", type=click.Path())
+@click.option("--strategy", "strategies", default=None, metavar="A,B,C",
+              help="Comma-separated strategies (" + ", ".join(STRATEGY_NAMES) + "); default: "
+                   "auto,tpe,random when auto exists, else tpe,random; random search is always included.")
+@click.option("--seeds", default=10, show_default=True, type=click.IntRange(1), help="Runs per strategy (seeds 0..N-1).")
+@click.option("--budget", default=100, show_default=True, type=click.IntRange(1), help="Evaluations per run.")
+@click.option("--jobs", default=None, type=click.IntRange(1), metavar="J",
+              help="Parallel processes, one run each at a time (default: the CPU count); the figures do not depend on it.")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), metavar="FILE",
+              help="Also write every figure and each run's raw data as JSON to FILE.")
+def strategy_bench(path: str, strategies: str | None, seeds: int, budget: int, jobs: int | None,
+                   json_path: str | None) -> None:
+    """Compare search strategies on recorded tuning spaces: PATH is a Kernel Tuner cache file, or a
+    folder whose every *.json / *.json.gz is one. Per space and strategy, over SEEDS seeds: evaluations
+    to get within 1%, 5% and 10% of the optimum, best/optimum after 25-200 evaluations, time per ask.
+    Configurations absent from a cache are infeasible (never asked, never counted); recorded failures
+    count as evaluations."""
+    from kernelforge.strategies.bench import bench_spaces, default_strategies
+    from kernelforge.strategies.bench_report import format_space, format_summary, write_json
+    from kernelforge.strategies.recorded import cache_files, load_kernel_tuner_cache
 
-    space = load_kernel_tuner_cache(space_file)
-    names = [n.strip() for n in strategies.split(",") if n.strip()]
-    rows = bench(space, names, seeds=seeds, budget=budget)
-    console.print(format_table(rows))
+    if json_path is not None and not Path(json_path).resolve().parent.is_dir():
+        raise UserError(f"--json {json_path}: its folder does not exist; create it or choose another path")
+    spaces = [load_kernel_tuner_cache(file) for file in cache_files(path)]
+    names = default_strategies() if strategies is None else [n.strip() for n in strategies.split(",")]
+    results = []
+    for result in bench_spaces(spaces, names, seeds=seeds, budget=budget, jobs=jobs):
+        results.append(result)
+        click.echo(format_space(result) + "\n")
+        if json_path is not None:
+            write_json(results, json_path)  # after every space: a cut-short bench keeps what it measured
+    summary = format_summary(results)
+    if summary and len(results[0].rows) > 1:
+        click.echo(summary)

@@ -10,6 +10,7 @@ verified, timed and tuned by the search like any other template.
 - :mod:`.generator`: the live generator (parents, repairs, background requests);
 - :mod:`.replay`: the offline generator that hands stored answers back;
 - :mod:`.proposer`: both behind the search's proposer seam (:func:`.proposer.for_job`).
+- :mod:`.advisor`: the point adviser (``[llm] guide_points``): points of a study's space asked first.
 
 Enabled by a job's ``[llm]`` table or ``kernelforge search JOB --llm URL --llm-model NAME``;
 ``--llm replay`` reruns a search offline from the transcripts stored in the job database.

@@ -10,6 +10,7 @@ import json
 from collections import deque
 
 from kernelforge.job import LLMSpec
+from kernelforge.llm.advisor import PURPOSE as ADVISER_PURPOSE
 from kernelforge.llm.base import BaseGenerator, Response
 from kernelforge.llm.client import Attempt, Exchange
 from kernelforge.llm.context import PromptContext
@@ -36,6 +37,8 @@ class ReplayGenerator(BaseGenerator):
             jobs = sorted({c.job for c in source.llm_calls()})
             if len(jobs) == 1:
                 calls = source.llm_calls(jobs[0])
+        # The point adviser's requests are its own to replay (kernelforge.llm.advisor).
+        calls = [c for c in calls if c.purpose != ADVISER_PURPOSE]
         # One replayed request per original request, in the order they were taken in.
         grouped: dict[tuple[int, int], list[LLMCall]] = {}
         for row in calls:

@@ -12,7 +12,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 from kernelforge.block import Block, Shape
+from kernelforge.llm.advisor import advice_for
+from kernelforge.search.warm import warm_start_points
+from kernelforge.strategies.ahead import AskAhead, asks_ahead
 from kernelforge.strategies.base import Strategy
+from kernelforge.strategies.guided import GuidedStrategy
 from kernelforge.strategies.names import STRATEGIES, make_strategy
 from kernelforge.template import Template
 
@@ -80,8 +84,18 @@ def start_points(template: Template, shapes: Sequence[Shape]) -> list[dict[str, 
 
 def make_strategy_for(run: "RunContext", template: Template, name: str, shapes: Sequence[Shape] = ()) -> Strategy:
     """The job's strategy over ``template``'s space, starting at the baseline points of ``shapes``
-    (:func:`start_points`); a stateful strategy keeps its study, called ``name``, in the job's storage."""
+    (:func:`start_points`), then, with ``[strategy] warm_start``, at the best stored points of its
+    sources (:mod:`kernelforge.search.warm`; a proposed template's studies, made without shapes,
+    get none); a stateful strategy keeps its study, called ``name``, in the job's storage."""
     job = run.job
     stateful = STRATEGIES[job.strategy.name].stateful
-    return make_strategy(job.strategy.name, template.space, seed=job.seed, baseline=start_points(template, shapes),
-                         storage=run.store.url if stateful else None, study_name=name)
+    firsts = start_points(template, shapes)
+    if shapes:
+        firsts += warm_start_points(run, template, shapes, firsts)
+    strategy = make_strategy(job.strategy.name, template.space, seed=job.seed, baseline=firsts,
+                             storage=run.store.url if stateful else None, study_name=name)
+    advice = advice_for(run, template, shapes)  # [llm] guide_points: the LLM's points first
+    if advice is not None:
+        strategy = GuidedStrategy(strategy, advice)
+    # A strategy with a model computes its next ask while the device measures (asks_ahead decides).
+    return AskAhead(strategy) if asks_ahead(job.strategy.name) else strategy

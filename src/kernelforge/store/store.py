@@ -182,6 +182,12 @@ class Store:
         with self.engine.connect() as conn:
             return {row[0] for row in conn.execute(query)}
 
+    def jobs(self) -> list[str]:
+        """The names of the jobs that stored results here, sorted."""
+        query = sa.select(results_table.c.job).distinct().where(results_table.c.job.is_not(None))
+        with self.engine.connect() as conn:
+            return sorted(row[0] for row in conn.execute(query))
+
     def counts(self) -> StoreCounts:
         with self.engine.connect() as conn:
             return StoreCounts(

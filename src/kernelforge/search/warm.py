@@ -1,0 +1,199 @@
+"""Warm start: a study first asks the best configurations other searches stored for its template.
+
+A job names its sources with ``[strategy] warm_start = ["JOB", ...]`` or ``kernelforge search JOB
+--warm-start SOURCE`` (which replaces the job file's list). A source is
+
+- the name of a job in the same storage, measured on any device or environment (the point of it:
+  a job tuned on another GPU, or on other shapes); when that job has successful results on this
+  study's shapes in this job's dtype, only those rank its points, else all of its results do;
+- ``shapes``: every stored result of the template on shapes this study does not tune (any job,
+  any device), e.g. the other shapes of a per-shape job, or an earlier job on another shape set.
+
+Ranking, one rule for every source. A time is only compared with times measured in the same
+conditions: a group is one (environment key, dtype, shape). In each group a configuration's median
+time is divided by the fastest successful median of the template there (1.0: the fastest); its
+score is the geometric mean of those ratios over the groups it was measured in. A configuration
+that failed in any group is left out (it may not run here either). When every configuration was
+measured on the same shapes, this is exactly the order of the source's own objective (the
+geometric-mean speedup over its baseline: the baseline's time is one constant per shape), and it
+needs no baseline, so sources whose baselines differ (other devices, shapes or baseline rules) rank
+by the same rule. Ties: the configuration measured in more groups first, then the one stored first.
+
+The top :data:`DEFAULT_LIMIT` distinct points that are valid in the study's space (a stored point
+from an older space that no longer fits is skipped) and not already known (the study's baseline
+points, points this job measured on the study's shapes) are asked right after the baseline points,
+in rank order (:func:`kernelforge.search.study.make_strategy_for` passes them as extra start points,
+so a strategy asks them first and an Optuna strategy enqueues them). They cost evaluations like any
+point; their candidates keep the strategy's origin (a candidate's id is shared with the source's,
+and its stored origin is the first writer's), and a ``warm_start`` progress event records which
+points came from which source. Where the source measured in the same conditions (same environment
+and shape), the stored results answer for free, as for any point already measured.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+
+from kernelforge.block import Shape
+from kernelforge.errors import UserError
+from kernelforge.result import StoredResult
+from kernelforge.space import Space
+from kernelforge.template import Template
+
+if TYPE_CHECKING:
+    from kernelforge.search.context import RunContext
+    from kernelforge.store.store import Store
+
+#: The source meaning "other shapes of the same template in this storage".
+SHAPES = "shapes"
+#: How many warm points a study asks at most.
+DEFAULT_LIMIT = 4
+
+
+@dataclass(frozen=True)
+class WarmPoint:
+    """One configuration a study asks first: ``point`` of the study's space, found in ``source``
+    (the first source, in the order given, that stored it), as candidate ``candidate_id``;
+    ``score``: the geometric mean of its time ratios to the fastest per group (1.0: fastest in
+    every group it was measured in); ``groups``: how many (environment, dtype, shape) it was in."""
+
+    point: Mapping[str, Any]
+    source: str
+    candidate_id: str
+    score: float
+    groups: int
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """What :func:`collect` found: the points in rank order, and the sources that gave nothing
+    (no successful result of the template)."""
+
+    points: tuple[WarmPoint, ...]
+    empty: tuple[str, ...]
+
+
+def check_sources(store: "Store", job_name: str, sources: Sequence[str]) -> None:
+    """Raise UserError for a source that is neither ``shapes`` nor a job with results in ``store``
+    (naming the stored jobs), or that is the job itself."""
+    stored = None
+    for source in sources:
+        if source == SHAPES:
+            continue
+        if source == job_name:
+            raise UserError(f"warm start {source!r}: that is this job itself, whose points its own search "
+                            f"already knows; name another job, or {SHAPES!r} for the template's other shapes")
+        stored = store.jobs() if stored is None else stored
+        if source not in stored:
+            listing = ", ".join(stored) if stored else "none yet"
+            raise UserError(f"warm start {source!r}: no job of that name stored results in this storage; its jobs: "
+                            f"{listing} (give --storage the database of the job to start from, or {SHAPES!r})")
+
+
+def collect(store: "Store", *, job_name: str, dtype: str, template: Template, shapes: Sequence[Shape],
+            sources: Sequence[str], exclude: Iterable[Mapping[str, Any]] = (),
+            limit: int = DEFAULT_LIMIT) -> WarmStart:
+    """The best stored configurations of ``template`` in ``sources`` for a study of job
+    ``job_name`` over ``shapes`` in ``dtype``, ranked by the module's rule, at most ``limit``,
+    none in ``exclude`` (points of the template's space) or already measured by this job on these
+    shapes. Raises UserError for an unknown source (:func:`check_sources`)."""
+    check_sources(store, job_name, sources)
+    space = template.space
+    names = {shape.name for shape in shapes}
+    candidates = {c.id: c for c in store.candidates(template.block_id) if c.template == template.id}
+    rows = [r for r in store.results(block=template.block_id) if r.candidate_id in candidates]
+    known = {_key(space, point) for point in exclude}
+    known |= {_key(space, candidates[r.candidate_id].params) for r in rows
+              if r.job == job_name and r.shape in names and r.dtype == dtype}
+    chosen: dict[tuple[str, str, str, str], StoredResult] = {}
+    found_in: dict[str, str] = {}
+    empty = []
+    for source in sources:
+        picked = _source_rows(rows, source, job_name, dtype, names)
+        if not any(r.ok for r in picked):
+            empty.append(source)
+            continue
+        for r in picked:
+            chosen.setdefault((r.candidate_id, r.shape, r.dtype, r.env_key), r)
+            found_in.setdefault(r.candidate_id, source)
+    points: list[WarmPoint] = []
+    for candidate_id, score, groups in rank(chosen.values()):
+        point = _point_of(space, candidates[candidate_id].params)
+        if point is None or _key(space, point) in known:
+            continue
+        known.add(_key(space, point))
+        points.append(WarmPoint(point, found_in[candidate_id], candidate_id, score, groups))
+        if len(points) == limit:
+            break
+    return WarmStart(tuple(points), tuple(empty))
+
+
+def rank(results: Iterable[StoredResult]) -> list[tuple[str, float, int]]:
+    """(candidate id, score, groups) of every candidate that succeeded wherever it was measured,
+    best first (the module's rule); ``results`` in the order they were stored."""
+    best: dict[tuple[str, str, str], float] = {}
+    failed: set[str] = set()
+    rows = list(results)
+    for r in rows:
+        if r.ok and r.median_s and r.median_s > 0:
+            group = (r.env_key, r.dtype, r.shape)
+            best[group] = min(best.get(group, r.median_s), r.median_s)
+        else:
+            failed.add(r.candidate_id)
+    logs: dict[str, list[float]] = {}
+    for r in rows:
+        if r.candidate_id not in failed:
+            logs.setdefault(r.candidate_id, []).append(math.log(r.median_s / best[(r.env_key, r.dtype, r.shape)]))
+    order = {cid: i for i, cid in enumerate(logs)}  # first stored first, on ties
+    scored = [(cid, math.exp(sum(v) / len(v)), len(v)) for cid, v in logs.items()]
+    return sorted(scored, key=lambda item: (item[1], -item[2], order[item[0]]))
+
+
+def warm_start_points(run: "RunContext", template: Template, shapes: Sequence[Shape],
+                      firsts: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The warm points of a study of ``template`` over ``shapes`` in this run (none without
+    ``[strategy] warm_start``), after the baseline points ``firsts``; says what it found as
+    progress events (``warm_start`` with the points and their sources; a ``warning`` for a source
+    without a successful result of the template, the search going on without it)."""
+    sources = run.job.strategy.warm_start
+    if not sources:
+        return []
+    found = collect(run.store, job_name=run.job.name, dtype=run.job.dtype, template=template, shapes=shapes,
+                    sources=sources, exclude=firsts)
+    scope = ", ".join(shape.name for shape in shapes)
+    for source in found.empty:
+        what = (f"no shape other than {scope} has a successful result of {template.id} in this storage"
+                if source == SHAPES else f"job {source!r} has no successful result of {template.id}")
+        run.progress.event("warning", message=f"warm start: {what}; the search starts without it")
+    if found.points:
+        run.progress.event(
+            "warm_start", template=template.id, shapes=[shape.name for shape in shapes],
+            points=[{"source": p.source, "candidate": p.candidate_id, "params": dict(p.point),
+                     "score": round(p.score, 4)} for p in found.points],
+            message=f"warm start of {template.id} on {scope}: {len(found.points)} stored configurations "
+                    f"first (from {', '.join(dict.fromkeys(p.source for p in found.points))})")
+    return [dict(p.point) for p in found.points]
+
+
+def _source_rows(rows: list[StoredResult], source: str, job_name: str, dtype: str,
+                 names: set[str]) -> list[StoredResult]:
+    """The results ``source`` contributes (see the module docstring)."""
+    if source == SHAPES:
+        return [r for r in rows if r.shape not in names]
+    mine = [r for r in rows if r.job == source]
+    matching = [r for r in mine if r.shape in names and r.dtype == dtype]
+    return matching if any(r.ok for r in matching) else mine
+
+
+def _point_of(space: Space, params: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``params`` as a valid point of ``space`` (None: a parameter is missing or out of the space)."""
+    if any(name not in params for name in space.names):
+        return None
+    point = {name: params[name] for name in space.names}
+    return None if space.problems(point) else point
+
+
+def _key(space: Space, point: Mapping[str, Any]) -> tuple:
+    return tuple(point.get(name) for name in space.names)
