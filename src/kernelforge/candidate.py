@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from kernelforge.template import Template
 
-ORIGINS = ("baseline", "optuna", "grid", "llm", "manual")
+ORIGINS = ("baseline", "auto", "optuna", "grid", "llm", "manual")
 
 
 def source_id(source: str) -> str:

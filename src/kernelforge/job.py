@@ -12,7 +12,7 @@
     tune = "all-shapes"           # one config for all shapes (geomean speedup) or "per-shape"
 
     [strategy]
-    name = "tpe"                  # tpe | random | grid | gp | cmaes | nsga2 | optuna-random (strategies.names)
+    name = "auto"                 # auto | tpe | random | grid | gp | cmaes | nsga2 | optuna-random (strategies.names)
     evaluations = 8               # per block (per block and shape with tune = "per-shape")
     max_minutes = 3.0             # optional wall-clock cap for the whole job
     warm_start = ["h100-run"]     # optional: first ask the best points of these jobs ("shapes": other shapes)
@@ -100,7 +100,7 @@ class BlockSpec:
 
 @dataclass(frozen=True)
 class StrategySpec:
-    name: str = "tpe"
+    name: str = "auto"
     evaluations: int = 16
     max_minutes: float | None = None
     warm_start: tuple[str, ...] = ()  # where the first points come from (kernelforge.search.warm)
@@ -237,7 +237,7 @@ def parse_job(raw: dict[str, Any], path: Path, catalog=None) -> Job:
     storage = _typed(f"{path} [job] storage", job.get("storage", ""), str, 'a SQLAlchemy URL such as "sqlite:///x.db"')
     register_url(storage)  # its password is masked in everything written from now on
 
-    strategy_name = _typed(f"{path} [strategy] name", strategy.get("name", "tpe"), str, '"tpe"')
+    strategy_name = _typed(f"{path} [strategy] name", strategy.get("name", "auto"), str, '"auto"')
     if strategy_name not in STRATEGY_NAMES:
         close = difflib.get_close_matches(strategy_name, STRATEGY_NAMES, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""

@@ -17,6 +17,7 @@ from kernelforge.report.records import ProgressPoint
 #: Colours of candidate origins (also used by the HTML legend).
 ORIGIN_COLOURS = {
     "baseline": "#6b7280",
+    "auto": "#1d4ed8",
     "optuna": "#2563eb",
     "grid": "#0d9488",
     "llm": "#ea580c",

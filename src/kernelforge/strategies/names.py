@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping
 
 from kernelforge.errors import UserError
 from kernelforge.space import Space
+from kernelforge.strategies.auto import AutoStrategy
 from kernelforge.strategies.base import Strategy
 from kernelforge.strategies.optuna import OptunaStrategy
 from kernelforge.strategies.simple import GridStrategy, RandomStrategy
@@ -38,9 +39,11 @@ class StrategyName:
     packages: tuple[str, ...] = ("optuna",)
 
 
-#: Every strategy, the default (``tpe``) first.
+#: Every strategy, the default (``auto``) first.
 STRATEGIES: dict[str, StrategyName] = {s.name: s for s in (
-    StrategyName("tpe", "Optuna's multivariate TPE (the default)", sampler="tpe"),
+    StrategyName("auto", "Bayesian optimisation over the feasible points with local moves (the default)",
+                 AutoStrategy, stateful=False, origin="auto", packages=("numpy",)),
+    StrategyName("tpe", "Optuna's multivariate TPE", sampler="tpe"),
     # Random's candidates have always been stored with origin "optuna": kept for stored data.
     StrategyName("random", "uniform sampling without replacement, seeded", RandomStrategy, stateful=False,
                  packages=()),

@@ -1,0 +1,312 @@
+"""``auto``, the default strategy: a portfolio over the feasible points of a space.
+
+Kernel-tuning spaces are discrete, mostly small, and full of configurations that cannot run. TPE
+models each parameter's good and bad values and proposes infeasible points it must then be told
+about; this strategy proposes only feasible points and spends each evaluation where one of three
+members expects the most:
+
+1. the baseline point(s) (and warm-start points), then ``start`` points drawn at random from the
+   feasible set;
+2. then each ask goes to a member, drawn with odds that follow the members' recent gains (how
+   much their points improved the best over the last ``window`` tells; at least ``floor`` each):
+
+   - ``gp``: a Gaussian process (:mod:`kernelforge.strategies.surrogate`) over the log-objective
+     scores a pool of unseen feasible points (a random sample plus every one-parameter move from
+     the best points) by expected improvement times the estimated chance to run;
+   - ``parzen``: the same pool scored by a per-parameter ratio of the best to the rest
+     (:mod:`kernelforge.strategies.parzen`), robust where the GP smooths a needle away;
+   - ``local``: the unseen one-parameter moves of the best point (then of the next best), the most
+     promising first: the move next to the optimum is never left untried because a model wrote it off;
+
+3. failures (told ``None``) and points found infeasible before the device ran them
+   (:meth:`~kernelforge.strategies.base.Strategy.infeasible`) train a second GP on "it failed";
+   a point with little chance to run is asked only when nothing else is left;
+4. points asked and not yet told are believed at the GP's mean (the "kriging believer"), so
+   several outstanding asks spread out instead of piling onto one point;
+5. results worse than the median are told as the median, so a few very slow configurations do
+   not shape the model around the fast ones.
+
+Measured with ``kernelforge strategy-bench`` on recorded GPU spaces (docs/strategies.md). The
+strategy keeps no state of its own between runs: a resumed search tells it the history.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from typing import Any, Mapping
+
+import numpy as np
+
+from kernelforge.space import Space
+from kernelforge.strategies.base import Key, Strategy
+from kernelforge.strategies.parzen import ParzenRatio
+from kernelforge.strategies.surrogate import Encoder, GaussianProcess, expected_improvement, hashable
+
+#: The portfolio's members: the Gaussian process's expected improvement, the Parzen ratio, and
+#: the local search that works through the unseen neighbours of the best points, best first.
+MEMBERS = ("gp", "parzen", "local")
+
+
+class AutoStrategy(Strategy):
+    """The default strategy (see the module docstring). ``start`` random points after the
+    baselines; then model-guided asks over a pool of at most ``pool`` unseen feasible points."""
+
+    name = "auto"
+    start = 16
+    pool = 1500
+    #: Spaces up to this many grid points have their feasible points listed once.
+    enumerate_limit = 250_000
+    #: Single-parameter moves are taken from this many of the best points.
+    parents = 5
+    #: Results worse than the median are told as the median (see the module docstring, 5).
+    clip = True
+    #: The portfolio's memory: gains over this many tells of its points decide the odds.
+    window = 40
+    #: Neither member's odds fall below this share of the gains.
+    floor = 0.15
+    #: A numeric parameter with more values than this moves only to its nearest ones in rank.
+    wide = 32
+    #: Points whose estimated chance to run is below this are asked only when nothing else is left.
+    min_chance = 0.2
+
+    def __init__(self, space: Space, *, seed: int = 0, baseline: Mapping | None = None):
+        super().__init__(space, seed=seed, baseline=baseline)
+        self._rng = random.Random(seed)
+        self._np_rng = np.random.default_rng(seed)
+        self._encoder = Encoder(space)
+        self._gp = GaussianProcess(self._encoder)
+        self._failures = GaussianProcess(self._encoder)  # 1 where a told point failed, 0 where it ran
+        self._failures_refit_at = 0
+        self._features: dict[Key, np.ndarray] = {}
+        #: The feasible points listed once (spaces up to ``enumerate_limit`` grid points), their
+        #: features, their index, and which of them are asked or told.
+        self._feasible: list[Key] | None = None
+        if space.size <= self.enumerate_limit:
+            self._feasible = [self.key(p) for p in space.points()]
+            self._index = {key: i for i, key in enumerate(self._feasible)}
+            self._matrix = self._encoder.encode(self._feasible)
+            self._taken = np.zeros(len(self._feasible), dtype=bool)
+        self._queue: deque[Key] = deque()
+        self._refit_at = 0
+        self._parzen = ParzenRatio(space)
+        self._positions = [{hashable(v): i for i, v in enumerate(values)} for _, values in space.params]
+        self._owner: dict[Key, str] = {}  # pending point -> the member that proposed it
+        self._gains: deque[tuple[str, float]] = deque(maxlen=self.window)
+        self._best: float | None = None  # best told objective (log scale when positive)
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _feature(self, keys: list[Key]) -> np.ndarray:
+        if not keys:
+            return np.zeros((0, self._encoder.width))
+        if self._feasible is not None and all(k in self._index for k in keys):
+            return self._matrix[[self._index[k] for k in keys]]
+        missing = [k for k in keys if k not in self._features]
+        if missing:
+            for k, row in zip(missing, self._encoder.encode(missing)):
+                self._features[k] = row
+        return np.array([self._features[k] for k in keys])
+
+    def _free(self, key: Key) -> bool:
+        return key not in self.known and key not in self.pending
+
+    def _feasible_point(self, key: Key) -> bool:
+        if self._feasible is not None:
+            return key in self._index
+        return self.space.contains(self.point(key))
+
+    def _random_unseen(self, count: int) -> list[Key]:
+        """Up to ``count`` distinct unseen feasible points, drawn at random."""
+        if self._feasible is not None:
+            for key in list(self.known) + list(self.pending):
+                if key in self._index:
+                    self._taken[self._index[key]] = True
+            free = np.flatnonzero(~self._taken)
+            if len(free) > count:
+                free = self._np_rng.choice(free, count, replace=False)
+            return [self._feasible[i] for i in free]
+        out: dict[Key, None] = {}
+        for _ in range(count * 50):
+            if len(out) >= count:
+                break
+            key = tuple(self._rng.choice(values) for _, values in self.space.params)
+            if self._free(key) and key not in out and self.space.contains(self.point(key)):
+                out[key] = None
+        return list(out)
+
+    def _moves(self, key: Key) -> list[Key]:
+        """The unseen feasible points one parameter away from ``key``: every other value of the
+        parameter (a numeric one with more than ``wide`` values: the ``wide`` nearest in rank)."""
+        out = []
+        for i, (_, values) in enumerate(self.space.params):
+            at = values.index(key[i])
+            picks = [j for j in range(len(values)) if j != at]
+            if len(values) > self.wide and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                               for v in values):
+                order = sorted(range(len(values)), key=lambda j: values[j])
+                rank = order.index(at)
+                half = self.wide // 2
+                picks = [order[r] for r in range(max(0, rank - half), min(len(order), rank + half + 1)) if r != rank]
+            for j in picks:
+                moved = key[:i] + (values[j],) + key[i + 1:]
+                if self._free(moved) and self._feasible_point(moved):
+                    out.append(moved)
+        return out
+
+    # -- asking -----------------------------------------------------------------------------------
+
+    def ask(self) -> dict | None:
+        first = self._ask_baseline_once()
+        if first is not None:
+            return first
+        while self._queue:
+            key = self._queue.popleft()
+            if self._free(key):
+                return self._hand_out(key)
+        ok = [k for k, v in self.known.items() if v is not None]
+        if len(ok) < 2 or len(self.known) < self.start + len(self.baselines):
+            picks = self._random_unseen(1)
+            return self._hand_out(picks[0]) if picks else None
+        chosen = self._best_candidate(ok, self._choose_member())
+        if chosen is None:
+            return None
+        key, member = chosen
+        self._owner[key] = member  # credited with the gain, if any, when it is told
+        return self._hand_out(key)
+
+    def _hand_out(self, key: Key) -> dict:
+        self.pending.add(key)
+        return self.point(key)
+
+    def _choose_member(self) -> str:
+        """The member that proposes this ask: drawn with odds that follow each member's gains
+        (how much its points improved the best) over the last ``window`` tells, never below
+        ``floor`` of the total for either, even odds before any gain."""
+        gains = {m: sum(g for who, g in self._gains if who == m) for m in MEMBERS}
+        total = sum(gains.values())
+        draw = self._rng.random()
+        for member in MEMBERS:
+            odds = 1 / len(MEMBERS) if total <= 0 else (
+                (self.floor * total + gains[member]) / ((1 + len(MEMBERS) * self.floor) * total))
+            if draw < odds:
+                return member
+            draw -= odds
+        return MEMBERS[-1]
+
+    def _codes(self, keys: list[Key]) -> np.ndarray:
+        if not keys:
+            return np.zeros((0, len(self._positions)), dtype=int)
+        return np.array([[pos[hashable(v)] for pos, v in zip(self._positions, key)] for key in keys], dtype=int)
+
+    def _best_candidate(self, ok: list[Key], member: str) -> tuple[Key, str] | None:
+        """The point ``member`` proposes, and the member that did (``local`` hands over to ``gp``
+        once the best points' neighbourhoods are exhausted)."""
+        values = np.array([self.known[k] for k in ok], dtype=float)
+        logged = bool((values > 0).all())
+        y = np.log(values) if logged else values
+        if self.clip and len(y) >= 8:
+            # The model is for finding the best: every point worse than the median is told the
+            # median, so a few very slow configurations do not shape it.
+            y = np.minimum(y, np.median(y))
+        best_keys = [ok[i] for i in np.argsort(y)[: self.parents]]
+        failed = [k for k, v in self.known.items() if v is None]
+        if member == "local":
+            # The unseen neighbours of the best point (else of the next best...), the most
+            # promising first by the Parzen ratio: a one-parameter move from the best is never
+            # left untried because a model wrote it off.
+            for parent in best_keys:
+                moves = self._moves(parent)
+                if moves:
+                    score = self._parzen.scores(self._codes(ok), y, self._codes(failed), self._codes(moves))
+                    return moves[int(np.argmax(score))], member
+            member = "gp"
+        believed = sorted(self.pending)
+        candidates: dict[Key, None] = {}
+        for parent in best_keys:
+            candidates.update(dict.fromkeys(self._moves(parent)))
+        size = max(300, min(self.pool, 240_000 // max(len(ok), 1)))
+        candidates.update(dict.fromkeys(self._random_unseen(max(size - len(candidates), size // 2))))
+        pool = list(candidates)
+        if not pool:
+            return None
+        if member == "parzen":
+            score = self._parzen.scores(self._codes(ok), y, self._codes(failed), self._codes(pool))
+            return pool[int(np.argmax(score))], member
+        self._condition(ok, y, believed)
+        x_pool = self._feature(pool)
+        mu, sd = self._gp.predict(x_pool)
+        score = expected_improvement(mu, sd, float(y.min()))
+        if failed:
+            chance = self._chance_to_run(x_pool, ok, failed)
+            score = score * chance
+            # A point the failure model gives little chance is left while any other remains: the
+            # speed model only extrapolates there (it never saw such a point run).
+            likely = chance >= self.min_chance
+            if likely.any():
+                score = np.where(likely, score, -1.0)
+        return pool[int(np.argmax(score))], member
+
+    def _condition(self, ok: list[Key], y: np.ndarray, believed: list[Key]) -> None:
+        """Fit the model on the told points (refitting the hyperparameters every so often) and
+        believe the pending points at its mean."""
+        x = self._feature(ok)
+        refit = len(ok) >= self._refit_at
+        if refit:
+            self._refit_at = len(ok) + max(2, len(ok) // 8)
+        self._gp.fit(x, y, refit=refit, rng=self._np_rng)
+        if believed:
+            xb = self._feature(believed)
+            mu, _ = self._gp.predict(xb)
+            self._gp.fit(np.vstack([x, xb]), np.concatenate([y, mu]), refit=False)
+
+    def _chance_to_run(self, x_pool: np.ndarray, ok: list[Key], failed: list[Key]) -> np.ndarray:
+        """One minus a GP regression of "it failed" (1) against "it ran" (0) over every told point,
+        with lengthscales of its own: failures often hang on other parameters than speed does."""
+        told = ok + failed
+        y = np.concatenate([np.zeros(len(ok)), np.ones(len(failed))])
+        refit = len(told) >= self._failures_refit_at
+        if refit:
+            self._failures_refit_at = len(told) + max(2, len(told) // 8)
+        self._failures.fit(self._feature(told), y, refit=refit, rng=self._np_rng)
+        mean, _ = self._failures.predict(x_pool)
+        return np.clip(1.0 - mean, 0.02, 1.0)
+
+    # -- telling ----------------------------------------------------------------------------------
+
+    def tell(self, point: Mapping, value: float | None) -> None:
+        recorded = self._record(point, value)
+        if recorded is None:
+            return
+        key, value, asked = recorded
+        member = self._owner.pop(key, None)
+        if value is None:
+            return
+        scored = math.log(value) if value > 0 else value
+        if member is not None:
+            gain = 0.0 if self._best is None else max(0.0, self._best - scored)
+            self._gains.append((member, gain))
+        if self._best is None or scored < self._best:
+            self._best = scored
+
+    def _learn_infeasible(self, key: Key, reason: str) -> None:
+        member = self._owner.pop(key, None)
+        if member is not None:
+            self._gains.append((member, 0.0))
+
+    def withdraw(self, point: Mapping[str, Any]) -> None:
+        self._owner.pop(self.key(point), None)
+        super().withdraw(point)
+
+    def enqueue(self, point: Mapping[str, Any]) -> bool:
+        """Have :meth:`ask` return ``point`` next (e.g. a point an LLM suggested); False when it is
+        not a valid point of the space or is already known or pending."""
+        if any(name not in point for name in self.space.names):
+            return False
+        point = {name: point[name] for name in self.space.names}
+        key = self.key(point)
+        if not self.space.contains(point) or not self._free(key) or key in self._queue:
+            return False
+        self._queue.append(key)
+        return True

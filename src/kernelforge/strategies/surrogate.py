@@ -1,0 +1,227 @@
+"""The surrogate of the ``auto`` strategy: a Gaussian process over a discrete space, in numpy.
+
+Points are encoded per parameter: a numeric parameter (ints and floats) as the rank of its value
+among the sorted values, scaled to [0, 1]; any other parameter (strings, booleans, tuples) as a
+one-hot block scaled so that two different values are at distance 1. The kernel is a Matérn 5/2
+with one lengthscale per parameter (automatic relevance determination: a parameter that does not
+matter gets a long lengthscale), fitted by maximising the log marginal likelihood with Adam on the
+log-hyperparameters and its analytic gradient (no scipy).
+
+Kernel-tuning spaces are small (a few thousand to a few hundred thousand points) and the history
+short (tens to hundreds of evaluations), so an exact GP is cheap: a fit over 400 points takes a few
+milliseconds; the hyperparameters are refitted on a bounded subsample (best and spread points), so
+a refit stays cheap however long the search runs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from kernelforge.space import Space
+
+SQRT5 = math.sqrt(5.0)
+
+
+def _numeric(values: Sequence[Any]) -> bool:
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+
+class Encoder:
+    """Points of a space as feature rows; ``groups[p]`` lists the columns of parameter ``p``."""
+
+    def __init__(self, space: Space):
+        self.space = space
+        self.maps: list[dict[Any, np.ndarray]] = []
+        self.groups: list[list[int]] = []
+        column = 0
+        for _, values in space.params:
+            if _numeric(values) and len(values) > 1:
+                order = sorted(values)
+                scale = len(order) - 1
+                self.maps.append({v: np.array([order.index(v) / scale]) for v in values})
+                self.groups.append([column])
+                column += 1
+            else:
+                width = len(values)
+                eye = np.eye(width) / math.sqrt(2.0)
+                self.maps.append({hashable(v): eye[i] for i, v in enumerate(values)})
+                self.groups.append(list(range(column, column + width)))
+                column += width
+        self.width = column
+
+    def encode(self, keys: Sequence[tuple[Any, ...]]) -> np.ndarray:
+        """Rows of features for point keys (values in parameter order)."""
+        out = np.empty((len(keys), self.width))
+        for row, key in enumerate(keys):
+            out[row] = np.concatenate([m[hashable(v)] for m, v in zip(self.maps, key)])
+        return out
+
+
+def hashable(value: Any) -> Any:
+    """A parameter value usable as a dict key (a TOML list becomes a tuple)."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+@dataclass
+class Hyper:
+    """Log-hyperparameters: one lengthscale per parameter, the signal and the noise variance."""
+
+    log_lengths: np.ndarray
+    log_signal: float = 0.0
+    log_noise: float = math.log(1e-3)
+
+
+class GaussianProcess:
+    """An exact GP regression on standardised targets with a Matérn 5/2 ARD kernel.
+
+    :meth:`fit` sets the data (and refits the hyperparameters when asked); :meth:`predict` gives
+    the posterior mean and standard deviation; :meth:`correlation` the kernel between new and
+    training points divided by the signal variance (0..1), used by the feasibility estimate.
+    """
+
+    min_log_length, max_log_length = math.log(0.05), math.log(20.0)
+    min_log_noise, max_log_noise = math.log(1e-6), math.log(0.5)
+
+    def __init__(self, encoder: Encoder):
+        self.encoder = encoder
+        self.groups = [np.array(g) for g in encoder.groups]
+        self.hyper = Hyper(np.zeros(len(self.groups)))
+        self.x = np.zeros((0, encoder.width))
+        self.mean = 0.0
+        self.scale = 1.0
+        self.alpha = np.zeros(0)
+        self.chol_inv = np.zeros((0, 0))
+
+    # -- kernel -------------------------------------------------------------------------------
+
+    def _column_scale(self, hyper: Hyper) -> np.ndarray:
+        scale = np.empty(self.encoder.width)
+        for group, log_length in zip(self.groups, hyper.log_lengths):
+            scale[group] = math.exp(-log_length)
+        return scale
+
+    def _r(self, a: np.ndarray, b: np.ndarray, hyper: Hyper) -> np.ndarray:
+        scale = self._column_scale(hyper)
+        a, b = a * scale, b * scale
+        sq = (a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2.0 * a @ b.T
+        return np.sqrt(np.maximum(sq, 0.0))
+
+    @staticmethod
+    def _matern(r: np.ndarray) -> np.ndarray:
+        return (1.0 + SQRT5 * r + (5.0 / 3.0) * r * r) * np.exp(-SQRT5 * r)
+
+    # -- fitting --------------------------------------------------------------------------------
+
+    def fit(self, x: np.ndarray, y: np.ndarray, *, refit: bool, steps: int = 40, subsample: int = 120,
+            rng: np.random.Generator | None = None) -> None:
+        """Condition on ``x`` (rows) and ``y``; with ``refit``, first fit the hyperparameters on at
+        most ``subsample`` of the points (the best third and a spread of the rest)."""
+        self.mean = float(y.mean())
+        self.scale = float(y.std()) or 1.0
+        z = (y - self.mean) / self.scale
+        if refit and len(y) >= 3:
+            index = np.arange(len(y))
+            if len(y) > subsample:
+                order = np.argsort(z)
+                best = order[: subsample // 3]
+                rest = (rng or np.random.default_rng(0)).choice(order[subsample // 3:], subsample - len(best),
+                                                                replace=False)
+                index = np.concatenate([best, rest])
+            self.hyper = self._optimise(x[index], z[index], steps)
+        self.x = x
+        k = self.hyper_kernel(x, x) + math.exp(self.hyper.log_noise) * np.eye(len(x))
+        self.chol_inv = np.linalg.inv(_cholesky(k))  # L^-1: one factorisation, then products only
+        self.alpha = self.chol_inv.T @ (self.chol_inv @ z)
+
+    def hyper_kernel(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return math.exp(self.hyper.log_signal) * self._matern(self._r(a, b, self.hyper))
+
+    def _optimise(self, x: np.ndarray, z: np.ndarray, steps: int) -> Hyper:
+        """Adam on the log marginal likelihood, from the current hyperparameters."""
+        n = len(z)
+        # Per-parameter squared distances (training set only), for the gradient.
+        dsq = []
+        for group in self.groups:
+            diff = x[:, None, group] - x[None, :, group]
+            dsq.append((diff * diff).sum(-1))
+        theta = np.concatenate([self.hyper.log_lengths, [self.hyper.log_signal, self.hyper.log_noise]])
+        lo = np.concatenate([np.full(len(self.groups), self.min_log_length), [math.log(0.05), self.min_log_noise]])
+        hi = np.concatenate([np.full(len(self.groups), self.max_log_length), [math.log(20.0), self.max_log_noise]])
+        m, v = np.zeros_like(theta), np.zeros_like(theta)
+        lr, b1, b2 = 0.08, 0.9, 0.999
+        for step in range(1, steps + 1):
+            lengths2 = np.exp(-2.0 * theta[: len(self.groups)])
+            rsq = sum(d * l2 for d, l2 in zip(dsq, lengths2))
+            r = np.sqrt(np.maximum(rsq, 0.0))
+            signal, noise = math.exp(theta[-2]), math.exp(theta[-1])
+            base = np.exp(-SQRT5 * r)
+            k = signal * (1.0 + SQRT5 * r + (5.0 / 3.0) * rsq) * base
+            ky = k + noise * np.eye(n)
+            try:
+                chol = np.linalg.cholesky(ky)
+            except np.linalg.LinAlgError:
+                theta[-1] = min(theta[-1] + 1.0, hi[-1])
+                continue
+            chol_inv = np.linalg.inv(chol)
+            inv = chol_inv.T @ chol_inv
+            alpha = inv @ z
+            w = np.outer(alpha, alpha) - inv  # d logL / dK = 0.5 * w
+            grad = np.empty_like(theta)
+            dk_common = signal * (5.0 / 3.0) * (1.0 + SQRT5 * r) * base
+            for i, (d, l2) in enumerate(zip(dsq, lengths2)):
+                grad[i] = 0.5 * np.sum(w * dk_common * d * l2)
+            grad[-2] = 0.5 * np.sum(w * k)
+            grad[-1] = 0.5 * noise * np.trace(w)
+            # Ascend the likelihood, with a weak pull of the lengthscales towards 1 (a prior).
+            grad[: len(self.groups)] -= 0.05 * theta[: len(self.groups)]
+            m = b1 * m + (1 - b1) * grad
+            v = b2 * v + (1 - b2) * grad * grad
+            theta = theta + lr * (m / (1 - b1 ** step)) / (np.sqrt(v / (1 - b2 ** step)) + 1e-8)
+            theta = np.clip(theta, lo, hi)
+        return Hyper(theta[: len(self.groups)].copy(), float(theta[-2]), float(theta[-1]))
+
+    # -- prediction -----------------------------------------------------------------------------
+
+    def predict(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Posterior mean and standard deviation (on the scale of the fitted ``y``)."""
+        ks = self.hyper_kernel(x, self.x)
+        mu = ks @ self.alpha
+        vs = self.chol_inv @ ks.T
+        var = math.exp(self.hyper.log_signal) - (vs * vs).sum(0)
+        sd = np.sqrt(np.maximum(var, 1e-12))
+        return self.mean + self.scale * mu, self.scale * sd
+
+    def correlation(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """The kernel's correlation (0..1) between rows of ``a`` and ``b``."""
+        return self._matern(self._r(a, b, self.hyper))
+
+
+def _cholesky(k: np.ndarray) -> np.ndarray:
+    jitter = 1e-9
+    for _ in range(8):
+        try:
+            return np.linalg.cholesky(k + jitter * np.eye(len(k)))
+        except np.linalg.LinAlgError:
+            jitter *= 10.0
+    return np.linalg.cholesky(k + 1e-2 * np.eye(len(k)))
+
+
+def expected_improvement(mu: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
+    """Expected improvement below ``best`` (minimisation) of normal predictions."""
+    z = (best - mu) / sd
+    cdf = 0.5 * (1.0 + _erf(z / math.sqrt(2.0)))
+    pdf = np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
+    return (best - mu) * cdf + sd * pdf
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    # Abramowitz and Stegun 7.1.26 (absolute error below 1.5e-7): numpy has no erf.
+    sign = np.sign(x)
+    x = np.abs(x)
+    t = 1.0 / (1.0 + 0.3275911 * x)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    return sign * (1.0 - poly * np.exp(-x * x))
