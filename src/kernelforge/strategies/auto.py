@@ -87,7 +87,6 @@ class AutoStrategy(Strategy):
             self._feasible = [self.key(p) for p in space.points()]
             self._index = {key: i for i, key in enumerate(self._feasible)}
             self._matrix = self._encoder.encode(self._feasible)
-            self._taken = np.zeros(len(self._feasible), dtype=bool)
         self._queue: deque[Key] = deque()
         self._refit_at = 0
         self._parzen = ParzenRatio(space)
@@ -120,10 +119,9 @@ class AutoStrategy(Strategy):
     def _random_unseen(self, count: int) -> list[Key]:
         """Up to ``count`` distinct unseen feasible points, drawn at random."""
         if self._feasible is not None:
-            for key in list(self.known) + list(self.pending):
-                if key in self._index:
-                    self._taken[self._index[key]] = True
-            free = np.flatnonzero(~self._taken)
+            taken = np.zeros(len(self._feasible), dtype=bool)  # from known and pending: a withdrawn point is free again
+            taken[[self._index[k] for k in (*self.known, *self.pending) if k in self._index]] = True
+            free = np.flatnonzero(~taken)
             if len(free) > count:
                 free = self._np_rng.choice(free, count, replace=False)
             return [self._feasible[i] for i in free]
@@ -143,12 +141,11 @@ class AutoStrategy(Strategy):
         for i, (_, values) in enumerate(self.space.params):
             at = values.index(key[i])
             picks = [j for j in range(len(values)) if j != at]
-            if len(values) > self.wide and all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                               for v in values):
-                order = sorted(range(len(values)), key=lambda j: values[j])
-                rank = order.index(at)
+            order = self._parzen.orders[i]  # rank order of a numeric parameter (None: categorical)
+            if len(values) > self.wide and order is not None:
+                rank = int(np.flatnonzero(order == at)[0])
                 half = self.wide // 2
-                picks = [order[r] for r in range(max(0, rank - half), min(len(order), rank + half + 1)) if r != rank]
+                picks = [int(order[r]) for r in range(max(0, rank - half), min(len(order), rank + half + 1)) if r != rank]
             for j in picks:
                 moved = key[:i] + (values[j],) + key[i + 1:]
                 if self._free(moved) and self._feasible_point(moved):

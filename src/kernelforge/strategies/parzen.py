@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from kernelforge.space import Space
+from kernelforge.strategies.surrogate import is_numeric
 
 
 class ParzenRatio:
@@ -25,10 +26,9 @@ class ParzenRatio:
         self.smoothing = smoothing
         self.sizes = [len(values) for _, values in space.params]
         #: per parameter: the declared indices in rank order (numeric), or None (categorical).
-        self.orders: list[np.ndarray | None] = []
-        for _, values in space.params:
-            numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
-            self.orders.append(np.array(sorted(range(len(values)), key=lambda j: values[j])) if numeric else None)
+        self.orders: list[np.ndarray | None] = [
+            np.array(sorted(range(len(values)), key=lambda j: values[j])) if is_numeric(values) else None
+            for _, values in space.params]
 
     def _shares(self, codes: np.ndarray, p: int) -> np.ndarray:
         size = self.sizes[p]

@@ -26,7 +26,8 @@ from kernelforge.space import Space
 SQRT5 = math.sqrt(5.0)
 
 
-def _numeric(values: Sequence[Any]) -> bool:
+def is_numeric(values: Sequence[Any]) -> bool:
+    """Whether a parameter's values are numbers (ints, floats; not booleans): ordered by rank."""
     return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
 
 
@@ -39,7 +40,7 @@ class Encoder:
         self.groups: list[list[int]] = []
         column = 0
         for _, values in space.params:
-            if _numeric(values) and len(values) > 1:
+            if is_numeric(values) and len(values) > 1:
                 order = sorted(values)
                 scale = len(order) - 1
                 self.maps.append({v: np.array([order.index(v) / scale]) for v in values})
