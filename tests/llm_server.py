@@ -5,6 +5,7 @@ included), so the LLM generator is tested through the real client with no mocks.
     with ScriptedServer([Reply(content="..."), Reply(status=429, headers={"Retry-After": "1"}), ...]) as server:
         server.base_url        # http://127.0.0.1:PORT/v1
         server.requests        # every request body received, in order
+        server.headers         # the headers of each request (lower-case names), in order
 
 Run it by hand to try the generator (``python tests/llm_server.py`` prints its URL and serves the
 toy block's demo script: a faster kernel, a slower one and every kind of bad answer).
@@ -26,7 +27,8 @@ class Reply:
     an OpenAI-style error body. ``delay`` seconds pass before anything is sent (a slow model);
     ``echo_key`` puts the bearer token received into the error message (as some servers do);
     ``answer``, when given, writes the content from the bearer token received (a server that
-    echoes the credential in its answer)."""
+    echoes the credential in its answer); ``message``, when given, is the error message of a
+    non-200 reply (e.g. OpenAI's "Unsupported parameter: 'max_tokens' ..." with status 400)."""
 
     content: str = ""
     status: int = 200
@@ -36,6 +38,7 @@ class Reply:
     echo_key: bool = False
     label: str = ""
     answer: Callable[[str], str] | None = None
+    message: str = ""
 
 
 #: What the server answers once the script is used up: prose, no code.
@@ -50,6 +53,7 @@ class ScriptedServer:
         self.loop = loop
         self.requests: list[dict[str, Any]] = []
         self.auth: list[str] = []
+        self.headers: list[dict[str, str]] = []
         self.served: list[str] = []
         self.in_flight = 0
         self.max_in_flight = 0  # the most requests this server was answering at once
@@ -63,10 +67,11 @@ class ScriptedServer:
         assert self._server is not None, "start the server first"
         return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
 
-    def _take(self, body: dict[str, Any], auth: str) -> Reply:
+    def _take(self, body: dict[str, Any], auth: str, headers: dict[str, str] | None = None) -> Reply:
         with self._lock:
             self.requests.append(body)
             self.auth.append(auth)
+            self.headers.append(dict(headers or {}))
             if self._next < len(self.script):
                 reply = self.script[self._next]
                 self._next += 1
@@ -111,7 +116,7 @@ class ScriptedServer:
                     self._send(400, {"error": {"message": "body is not JSON", "type": "invalid_request"}}, {})
                     return
                 auth = self.headers.get("Authorization", "")
-                reply = server._take(body, auth)
+                reply = server._take(body, auth, {k.lower(): v for k, v in self.headers.items()})
                 with server._lock:
                     server.in_flight += 1
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)
@@ -127,6 +132,7 @@ class ScriptedServer:
                 if reply.status != 200:
                     message = {429: "Rate limit reached, retry later", 500: "internal server error",
                                401: "Incorrect API key provided"}.get(reply.status, "error")
+                    message = reply.message or message
                     if reply.echo_key:
                         message += f": {auth.removeprefix('Bearer ')}"
                     self._send(reply.status, {"error": {"message": message, "type": "error", "code": reply.status}},

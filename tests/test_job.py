@@ -108,3 +108,113 @@ def test_fuzzed_documents_give_a_job_or_a_user_error(doc):
         assert str(exc).startswith("fuzz.toml")
     else:
         assert job.blocks and job.strategy.evaluations >= 1
+
+
+# -- [llm]: request shape, several models, the replay's report folder ------------------------------
+
+LLM = GOOD + """
+[llm]
+base_url = "http://127.0.0.1:8000/v1"
+model = "local"
+"""
+
+
+def test_llm_request_fields_default_to_what_every_server_accepts(tmp_path):
+    from kernelforge.llm_spec import ModelSpec
+
+    spec = load_job(write(tmp_path, LLM)).llm
+    assert spec.temperature is None and spec.token_limit_field == "max_tokens"
+    assert spec.extra_body == () and spec.headers == () and spec.models == ()
+    assert spec.endpoints() == (ModelSpec("local", "http://127.0.0.1:8000/v1"),)
+
+
+def test_extra_body_headers_and_several_models_parse_with_the_top_level_as_defaults(tmp_path, monkeypatch):
+    from kernelforge.llm_spec import ModelSpec
+    from kernelforge.redact import redact
+
+    monkeypatch.setenv("KF_JOB_TEST_KEY_B", "sk-jobtest-KEYB-0011223344")
+    spec = load_job(write(tmp_path, LLM + """temperature = 0.4
+api_key_env = "KF_JOB_TEST_KEY_A"
+token_limit_field = "max_completion_tokens"
+response_tokens = 2000
+
+[llm.extra_body]
+reasoning_effort = "high"
+options = { num_ctx = 16384 }
+
+[llm.headers]
+"X-Team" = "kernels"
+"X-Token" = "${KF_JOB_TEST_TOKEN}"
+
+[[llm.models]]
+model = "big"
+weight = 3
+
+[[llm.models]]
+model = "other"
+base_url = "https://example.invalid/v1"
+api_key_env = "KF_JOB_TEST_KEY_B"
+temperature = 1.0
+extra_body = { top_k = 20 }
+""")).llm
+    assert spec.token_limit_field == "max_completion_tokens" and spec.response_tokens == 2000
+    assert dict(spec.headers) == {"X-Team": "kernels", "X-Token": "${KF_JOB_TEST_TOKEN}"}  # the reference, never a value
+    body = (("reasoning_effort", "high"), ("options", {"num_ctx": 16384}))
+    assert spec.models == (
+        ModelSpec("big", "http://127.0.0.1:8000/v1", "KF_JOB_TEST_KEY_A", 3.0, 0.4, body),
+        ModelSpec("other", "https://example.invalid/v1", "KF_JOB_TEST_KEY_B", 1.0, 1.0, (("top_k", 20),)),
+    )
+    assert spec.endpoints() == spec.models
+    assert "sk-jobtest-KEYB-0011223344" not in redact("sk-jobtest-KEYB-0011223344")  # registered on parse
+
+
+@pytest.mark.parametrize(
+    "extra, fragment",
+    [
+        ('token_limit_field = "max_len"', "[llm] token_limit_field: 'max_len' is not one of"),
+        ('temperature = 2.5', "[llm] temperature: must be between 0.0 and 2.0"),
+        ("[llm.extra_body]\nmessages = []", "[llm] extra_body: 'messages' is set by the generator"),
+        ('[llm.extra_body]\nmodel = "x"', "'model' is set by the generator"),
+        ("[llm.extra_body]\nstream = true", "'stream' is set by the generator"),
+        ("[llm.extra_body]\nn = 2", "'n' is set by the generator"),
+        ('extra_body = "num_ctx=8"', "[llm] extra_body: expected a table"),
+        ("[llm.headers]\nX-Count = 3", "[llm] headers X-Count: expected a string"),
+        ('[llm.headers]\nAuthorization = "Bearer x"', "'Authorization' is set by the client"),
+        ("[[llm.models]]\nweight = 2", "[[llm.models]] #1: missing model"),
+        ('[[llm.models]]\nmodel = "a"\nweight = 0', "[[llm.models]] #1 weight: must be above 0"),
+        ('[[llm.models]]\nmodel = "a"\nwieght = 2', "did you mean weight?"),
+        ('[[llm.models]]\nmodel = "a"\nbase_url = "ftp://x"', "[[llm.models]] #1 base_url"),
+        ('[[llm.models]]\nmodel = "a"\nextra_body = { n = 3 }', "[[llm.models]] #1 extra_body: 'n' is set"),
+        ('[[llm.models]]\nmodel = "a"\napi_key_env = "sk-abc def"', "must be the NAME of an environment variable"),
+    ],
+)
+def test_malformed_llm_request_fields_name_the_field(tmp_path, extra, fragment):
+    path = write(tmp_path, LLM + extra + "\n")
+    with pytest.raises(UserError) as info:
+        load_job(path)
+    assert str(info.value).startswith(str(path)) and fragment in str(info.value)
+
+
+def test_a_model_without_an_endpoint_is_refused_when_the_search_starts(tmp_path):
+    from kernelforge.job import require_llm_endpoint
+
+    job = load_job(write(tmp_path, GOOD + '[llm]\n[[llm.models]]\nmodel = "a"\n'))
+    with pytest.raises(UserError, match=r"\[\[llm.models\]\] #1 \(a\): missing base_url"):
+        require_llm_endpoint(job)
+
+
+def test_a_replay_into_another_database_reports_next_to_it_never_over_the_original(tmp_path):
+    from dataclasses import replace
+
+    job = load_job(write(tmp_path, LLM))
+    original = tmp_path / "orig" / "kernelforge.db"
+    other = tmp_path / "elsewhere" / "replayed.db"
+    assert job.report_dir == Path("reports/t1")
+    replay = replace(job, llm=replace(job.llm, replay=f"sqlite:///{original}"))
+    assert replay.report_dir == Path("reports/t1")  # into the job's own database: the job's own report
+    moved = replace(replay, storage=f"sqlite:///{other}")
+    assert moved.report_dir == other.parent / "replayed-report"
+    assert replace(moved, storage="postgresql://u@db/kf").report_dir == Path("reports/t1-replay")
+    same = replace(replay, storage=f"sqlite:///{original}")
+    assert same.report_dir == Path("reports/t1")  # replaying a database into itself
+    assert replace(job, storage=f"sqlite:///{other}").report_dir == Path("reports/t1")  # not a replay: unchanged

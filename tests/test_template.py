@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelforge.candidate import Candidate, source_id
+from kernelforge.candidate import Candidate, candidate_id, source_id
 from kernelforge.catalog import Catalog
 from kernelforge.errors import TemplateError, UserError
 from kernelforge.space import Space, parse_value
@@ -119,8 +119,29 @@ def test_candidate_id_is_the_hash_of_its_source():
     a = Candidate.from_template(template)
     b = Candidate.from_template(template, {"BLOCK": 32, "num_warps": 4})
     c = Candidate.from_template(template, {"BLOCK": 64, "num_warps": 4})
-    assert a.id == b.id == source_id(a.source) and a.id != c.id
+    assert a.id == b.id == candidate_id(template.id, a.source) and a.id != c.id
+    assert a.id != source_id(a.source)  # the template's id is part of it (see the next test)
     assert a.origin == "manual"  # a variant's baseline point is not the human baseline
+
+
+def test_templates_differing_only_in_their_header_have_different_candidates_and_resume_finds_them(tmp_path):
+    from kernelforge.llm.parse import llm_template
+    from kernelforge.store.store import Store
+
+    # Same body, same point: only the [baseline] header line differs (the rendered text is the same).
+    one = llm_template(HEADER.format(constraints="[]", baseline="32") + BODY, "toy/axpy", "a")
+    two = llm_template(HEADER.format(constraints="[]", baseline="16") + BODY, "toy/axpy", "b")
+    point = {"BLOCK": 32, "num_warps": 4}
+    a, b = Candidate.from_template(one, point), Candidate.from_template(two, point)
+    assert a.source == b.source and one.id != two.id
+    assert a.id != b.id
+    store = Store(f"sqlite:///{tmp_path / 'ids.db'}")
+    store.add_candidate(a)
+    store.add_candidate(b)
+    assert {store.candidate(a.id).template, store.candidate(b.id).template} == {one.id, two.id}
+    # A resumed search renders the same template again: the same id, the stored candidate.
+    again = llm_template(one.text, "toy/axpy", "a again")
+    assert Candidate.from_template(again, point).id == a.id and store.candidate(a.id).template == one.id
 
 
 def test_catalog_discovers_fixture_blocks_and_suggests_names():

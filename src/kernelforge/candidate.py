@@ -1,7 +1,9 @@
 """Candidates: one concrete kernel source, a template rendered at one point of its space.
 
-A candidate's id is the hash of its rendered text, so two points that render the same source are
-the same candidate, and any stored result can be reproduced from the stored source alone.
+A candidate's id is the hash of its template's id and its rendered text (:func:`candidate_id`), so
+two points of one template that render the same source are the same candidate, two templates that
+render the same text are not (a generated template's id is the hash of its whole text, header
+included), and any stored result can be reproduced from the stored source alone.
 """
 
 from __future__ import annotations
@@ -24,6 +26,13 @@ ORIGINS = ("baseline", "auto", "optuna", "grid", "llm", "manual")
 def source_id(source: str) -> str:
     """The content id of a kernel source (first 16 hex digits of its SHA-256)."""
     return hashlib.sha256(source.encode("utf-8")).hexdigest()[:16]
+
+
+def candidate_id(template_id: str, source: str) -> str:
+    """The id of the candidate of ``template_id`` whose rendered text is ``source``: both hashed
+    together, so what makes two templates different (their ids) makes their candidates different,
+    and the same template rendering the same text (a resumed search) finds its stored candidate."""
+    return source_id(f"{template_id}\n{source}")
 
 
 @dataclass(frozen=True)
@@ -58,7 +67,7 @@ class Candidate:
 
     @property
     def id(self) -> str:
-        return source_id(self.source)
+        return candidate_id(self.template_id, self.source)
 
     @property
     def point(self) -> dict[str, Any]:

@@ -33,18 +33,19 @@ Every mistake names the file, the field and the fix.
 from __future__ import annotations
 
 import difflib
-import os
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from enum import Enum
 from typing import Any, Sequence
-from urllib.parse import urlsplit
 
 from kernelforge.block import DTYPES, Shape
 from kernelforge.errors import UserError
-from kernelforge.redact import redact_url, register, register_url
+from kernelforge.llm_spec import LLMSpec, parse_llm
+from kernelforge.llm_spec import typed as _typed
+from kernelforge.llm_spec import unknown_fields as _unknown
+from kernelforge.redact import register_url
 from kernelforge.strategies.names import STRATEGY_NAMES
 
 if sys.version_info >= (3, 11):
@@ -84,10 +85,6 @@ TUNE_MODES = tuple(t.value for t in Tune)
 _JOB_KEYS = {"name", "description", "device", "target", "dtype", "seed", "storage", "tune"}
 _STRATEGY_KEYS = {"name", "evaluations", "max_minutes", "warm_start"}
 _BLOCK_KEYS = {"id", "shapes", "templates"}
-_LLM_KEYS = {"base_url", "model", "api_key_env", "max_calls", "max_tokens", "max_minutes", "concurrency",
-             "timeout_s", "max_retries", "repair_turns", "temperature", "response_tokens", "tune_share",
-             "tune_evaluations", "guide_points"}
-
 
 @dataclass(frozen=True)
 class BlockSpec:
@@ -104,51 +101,6 @@ class StrategySpec:
     evaluations: int = 16
     max_minutes: float | None = None
     warm_start: tuple[str, ...] = ()  # where the first points come from (kernelforge.search.warm)
-
-
-#: The most points ``[llm] guide_points`` may ask the LLM for (one answer; a longer list is a
-#: bigger prompt and answer for points the job's strategy would find anyway).
-MAX_GUIDE_POINTS = 64
-
-
-@dataclass(frozen=True)
-class LLMSpec:
-    """The ``[llm]`` table: an OpenAI-compatible chat-completions endpoint that writes new templates.
-
-    The API key is read from the environment variable named ``api_key_env`` when the search starts
-    and is never stored, logged or reported (its value is registered with :mod:`kernelforge.redact`
-    as soon as the job names the variable); empty means no key (a local server). Budgets bound
-    the generator (``max_calls`` requests, ``max_tokens`` prompt + completion tokens, ``max_minutes``
-    of wall time); ``concurrency`` requests are in flight at most, each with ``timeout_s`` and up
-    to ``max_retries`` retries. A template that fails gets up to ``repair_turns`` follow-up turns
-    with its error. ``tune_share`` of each block's evaluations is reserved for what the LLM writes
-    (its templates, each tuned by the job's strategy for up to ``tune_evaluations`` more points,
-    and the points it proposes); whatever the LLM leaves unused goes back to the human templates.
-
-    ``guide_points``: how many points of each study's space the LLM is asked for once, after the
-    baseline points, before the job's strategy takes over (:mod:`kernelforge.llm.advisor`,
-    :mod:`kernelforge.strategies.guided`); 0 (the default) asks for none.
-
-    ``replay`` is set by ``kernelforge search --llm replay[:PATH]``: the storage URL whose stored
-    transcripts answer instead of the endpoint.
-    """
-
-    base_url: str = ""
-    model: str = ""
-    api_key_env: str = ""
-    max_calls: int = 20
-    max_tokens: int = 400_000
-    max_minutes: float | None = 30.0
-    concurrency: int = 2
-    timeout_s: float = 180.0
-    max_retries: int = 3
-    repair_turns: int = 2
-    temperature: float = 0.7
-    response_tokens: int | None = None
-    tune_share: float = 0.5
-    tune_evaluations: int = 4
-    guide_points: int = 0
-    replay: str | None = None
 
 
 @dataclass(frozen=True)
@@ -170,28 +122,28 @@ class Job:
 
     @property
     def report_dir(self) -> Path:
-        return Path("reports") / self.name
+        """Where the report is written: reports/<name>/, except for an LLM replay into another
+        database than the one it replays (``--llm replay:PATH --storage OTHER``), whose report goes
+        next to its own database (``<folder>/<stem>-report/`` for a SQLite file, else
+        reports/<name>-replay/), never over the original search's."""
+        home = Path("reports") / self.name
+        replay = self.llm.replay if self.llm is not None else None
+        if replay is None or not self.storage or self.storage in (replay, self._default_storage):
+            return home
+        if self.storage.startswith("sqlite:///"):
+            db = Path(self.storage.removeprefix("sqlite:///").partition("?")[0])
+            if db.name and db != Path(":memory:"):
+                return db.parent / f"{db.stem}-report"
+        return Path("reports") / f"{self.name}-replay"
+
+    @property
+    def _default_storage(self) -> str:
+        return f"sqlite:///{Path('reports') / self.name / 'kernelforge.db'}"
 
     @property
     def storage_url(self) -> str:
         """The SQLAlchemy URL of the job's database."""
-        return self.storage or f"sqlite:///{self.report_dir / 'kernelforge.db'}"
-
-
-def _unknown(where: str, table: dict[str, Any], allowed: set[str]) -> None:
-    for key in table:
-        if key not in allowed:
-            close = difflib.get_close_matches(key, sorted(allowed), n=1)
-            hint = f"did you mean {close[0]}?" if close else f"allowed: {', '.join(sorted(allowed))}"
-            raise UserError(f"{where}: unknown field {key!r} ({hint})")
-
-
-def _typed(where: str, value: Any, kind: type | tuple[type, ...], example: str) -> Any:
-    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-        raise UserError(f"{where}: expected {example}, got {value!r}")
-    if not isinstance(value, kind):
-        raise UserError(f"{where}: expected {example}, got {value!r}")
-    return value
+        return self.storage or self._default_storage
 
 
 def load_job(path: str | Path, catalog=None) -> Job:
@@ -301,82 +253,22 @@ def warm_sources(values: Any, where: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(values))
 
 
-def parse_llm(table: dict[str, Any], where: str, *, require_endpoint: bool = True) -> LLMSpec:
-    """Validate an ``[llm]`` table (``where`` names it in messages). Without ``require_endpoint``
-    base_url and model may be missing (the command line supplies them)."""
-    _unknown(where, table, _LLM_KEYS)
-    defaults = LLMSpec()
-    base_url = _typed(f"{where} base_url", table.get("base_url", ""), str, 'a URL such as "http://127.0.0.1:8000/v1"')
-    register_url(base_url)
-    model = _typed(f"{where} model", table.get("model", ""), str, 'a model name such as "gpt-4.1"')
-    if require_endpoint and not base_url:
-        raise UserError(f'{where}: missing base_url, e.g. base_url = "https://api.openai.com/v1"')
-    if base_url:
-        check_base_url(base_url, f"{where} base_url")
-    if require_endpoint and not model:
-        raise UserError(f'{where}: missing model, e.g. model = "gpt-4.1"')
-    key_env = _typed(f"{where} api_key_env", table.get("api_key_env", ""), str,
-                     'the name of an environment variable, e.g. "OPENAI_API_KEY"')
-    if key_env and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key_env):
-        # Never echo the value: it may be the key itself, pasted in by mistake.
-        raise UserError(f"{where} api_key_env: must be the NAME of an environment variable (letters, digits, _), "
-                        "not the key itself; put the key in that variable")
-    if key_env:
-        register(os.environ.get(key_env))  # masked from the moment the job names it, before any request
-
-    def integer(name: str, low: int) -> int:
-        value = _typed(f"{where} {name}", table.get(name, getattr(defaults, name)), int, "an integer")
-        if value < low:
-            raise UserError(f"{where} {name}: must be at least {low}, got {value}")
-        return value
-
-    def number(name: str, low: float, high: float | None = None, *, allow_zero: bool = False) -> float:
-        value = _typed(f"{where} {name}", table.get(name, getattr(defaults, name)), (int, float), "a number")
-        if value < low or (value == low and not allow_zero) or (high is not None and value > high):
-            bound = f"between {low} and {high}" if high is not None else f"above {low}"
-            raise UserError(f"{where} {name}: must be {bound}, got {value}")
-        return float(value)
-
-    max_minutes = table.get("max_minutes", defaults.max_minutes)
-    if "max_minutes" in table:
-        max_minutes = number("max_minutes", 0.0)
-    guide_points = integer("guide_points", 0)
-    if guide_points > MAX_GUIDE_POINTS:
-        raise UserError(f"{where} guide_points: must be between 0 and {MAX_GUIDE_POINTS} (points the LLM is asked "
-                        f"for once per study; 0 asks for none), got {guide_points}")
-    response_tokens = table.get("response_tokens")
-    if response_tokens is not None:
-        response_tokens = integer("response_tokens", 1)
-    return LLMSpec(
-        base_url=base_url, model=model, api_key_env=key_env,
-        max_calls=integer("max_calls", 1), max_tokens=integer("max_tokens", 1), max_minutes=max_minutes,
-        concurrency=integer("concurrency", 1), timeout_s=number("timeout_s", 0.0),
-        max_retries=integer("max_retries", 0), repair_turns=integer("repair_turns", 0),
-        temperature=number("temperature", 0.0, 2.0, allow_zero=True), response_tokens=response_tokens,
-        tune_share=number("tune_share", 0.0, 1.0), tune_evaluations=integer("tune_evaluations", 0),
-        guide_points=guide_points,
-    )
-
-
 def require_llm_endpoint(job: Job) -> None:
     """A job's live LLM generator needs an endpoint and a model: say which is missing, and where."""
     spec = job.llm
     if spec is None or spec.replay is not None:
+        return
+    for index, model in enumerate(spec.models, start=1):
+        if not model.base_url:
+            raise UserError(f'{job.path} [[llm.models]] #{index} ({model.model}): missing base_url (there or in '
+                            '[llm]), e.g. base_url = "https://api.openai.com/v1" (or pass --llm URL --llm-model NAME)')
+    if spec.models:
         return
     if not spec.base_url:
         raise UserError(f'{job.path} [llm]: missing base_url, e.g. base_url = "https://api.openai.com/v1" '
                         "(or pass --llm URL)")
     if not spec.model:
         raise UserError(f'{job.path} [llm]: missing model, e.g. model = "gpt-4.1" (or pass --llm-model NAME)')
-
-
-def check_base_url(url: str, where: str) -> None:
-    """An endpoint URL must be http(s)://host[...]; the message never repeats credentials in it."""
-    register_url(url)
-    parsed = urlsplit(url)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise UserError(f"{where}: {redact_url(url)!r} is not an http(s) URL; give the endpoint's base URL, "
-                        "e.g. http://127.0.0.1:8000/v1")
 
 
 def _check_block(where: str, catalog, block_id: str, shapes: str, templates: list[str]) -> None:

@@ -130,12 +130,12 @@ shapes = "{shapes}"
 
 def _colliding_sources(prefix_len: int = 4) -> tuple[str, str]:
     """Two sources whose candidate ids share their first ``prefix_len`` hex digits."""
-    from kernelforge.candidate import source_id
+    from kernelforge.candidate import candidate_id
 
     seen: dict[str, str] = {}
     for i in range(100_000):
         source = f"# variant {i}\n"
-        key = source_id(source)[:prefix_len]
+        key = candidate_id("toy/axpy/baseline", source)[:prefix_len]  # the template _stored_job gives them
         if key in seen:
             return seen[key], source
         seen[key] = source

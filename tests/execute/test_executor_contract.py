@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernelforge.candidate import Candidate, source_id
+from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
 from kernelforge.devices.interpret import InterpretDevice
 from kernelforge.execute.executor import Executor
@@ -50,7 +50,7 @@ def _record(path: Path) -> None:
         for ev in executor.evaluate(block, source, shapes, DTYPE):
             t, v = ev.timing, ev.verification
             store.add_result(StoredResult(
-                candidate_id=source_id(source), block=block.id, shape=ev.shape.name, dtype="float16",
+                candidate_id=Candidate(block.id, f"{block.id}/contract", (), source).id, block=block.id, shape=ev.shape.name, dtype="float16",
                 device="interpret", env_key=env_key(env), status=v.status, rel_error=v.rel_error,
                 median_s=t.median_s if t else None, p20_s=t.p20_s if t else None, p80_s=t.p80_s if t else None,
                 samples=t.samples if t else None, timing_method=t.method if t else None,

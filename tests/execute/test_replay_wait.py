@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernelforge.candidate import Candidate, source_id
+from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
 from kernelforge.errors import UserError
 from kernelforge.execute.executor import make_executor, parse_replay
@@ -33,7 +33,7 @@ DEVICE_S = 0.002 * 50 + 0.0005 * 200  # the failed shape waits nothing
 
 def _row(source: str, shape: str, status: Status, median: float | None, samples: int | None) -> StoredResult:
     return StoredResult(
-        candidate_id=source_id(source), block=AXPY.id, shape=shape, dtype="float16", device="cuda",
+        candidate_id=Candidate(AXPY.id, "toy/axpy/rec", (), source).id, block=AXPY.id, shape=shape, dtype="float16", device="cuda",
         env_key=env_key(ENV), status=status, rel_error=0.0, median_s=median, p20_s=median, p80_s=median,
         samples=samples, timing_method="cuda_events", timing_label="CUDA events", joules=None, flops=1.0,
         bytes=1.0, message="" if status is Status.OK else "wrong", env=ENV, job="rec", created=time.time())

@@ -15,7 +15,8 @@ import pytest
 
 from kernelforge.catalog import Catalog
 from kernelforge.errors import UserError
-from kernelforge.job import LLMSpec, load_job
+from kernelforge.job import load_job
+from kernelforge.llm_spec import LLMSpec
 from kernelforge.llm.advisor import PURPOSE, PointAdvisor, advice_for, parse_points
 from kernelforge.search.loop import Search
 from kernelforge.search.progress import Progress

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from kernelforge.llm.client import OpenAIChatClient, retry_after
+from kernelforge.llm.client import OpenAIChatClient, adapted_params, retry_after
 from llm_server import Reply, ScriptedServer
 
 KEY = "sk-test-KFCLIENT-0123456789abcdef"
@@ -92,3 +92,131 @@ def test_retry_after_header_forms():
     assert retry_after({"retry-after-ms": "250", "retry-after": "9"}) == 0.25
     assert 20 < retry_after({"retry-after": later}) <= 31
     assert retry_after({"retry-after": "soon"}) is None and retry_after({}) is None
+
+
+# -- compatibility: temperature, the token limit's name, extra fields and headers, no key ---------
+
+UNSUPPORTED_MAX_TOKENS = ("Unsupported parameter: 'max_tokens' is not supported with this model. "
+                          "Use 'max_completion_tokens' instead.")
+UNSUPPORTED_TEMPERATURE = ("Unsupported value: 'temperature' does not support 0.5 with this model. "
+                           "Only the default (1) value is supported.")
+
+
+def bare(base_url: str, **kwargs) -> OpenAIChatClient:
+    options = {"base_url": base_url, "model": "scripted", "api_key": KEY, "timeout_s": 5.0, "max_retries": 0,
+               **kwargs}
+    return OpenAIChatClient(**options)
+
+
+def test_an_unset_temperature_is_not_sent_and_the_token_limit_takes_the_chosen_name():
+    with ScriptedServer([Reply("a"), Reply("b")]) as server:
+        bare(server.base_url, response_tokens=700).complete(MESSAGES)
+        bare(server.base_url, response_tokens=700, token_limit_field="max_completion_tokens").complete(MESSAGES)
+    first, second = server.requests
+    assert "temperature" not in first and first["max_tokens"] == 700 and "max_completion_tokens" not in first
+    assert second["max_completion_tokens"] == 700 and "max_tokens" not in second
+
+
+def test_extra_body_fields_are_sent_and_stored_and_headers_are_sent_but_never_stored():
+    secret = "hdr-secret-KFCLIENT-9876543210"
+    with ScriptedServer([Reply("ok")]) as server:
+        exchange = bare(server.base_url, temperature=0.3,
+                        extra_body={"options": {"num_ctx": 16384}, "reasoning_effort": "high"},
+                        headers={"X-Team": "kernels", "X-Secret": secret}).complete(MESSAGES)
+    body, headers = server.requests[0], server.headers[0]
+    assert body["options"] == {"num_ctx": 16384} and body["reasoning_effort"] == "high"
+    assert body["temperature"] == 0.3 and body["model"] == "scripted" and body["messages"] == MESSAGES
+    assert headers["x-team"] == "kernels" and headers["x-secret"] == secret
+    stored = exchange.request_json()
+    assert '"num_ctx": 16384' in stored and '"reasoning_effort": "high"' in stored
+    assert secret not in stored and "kernels" not in stored and KEY not in stored
+
+
+@pytest.mark.parametrize("max_retries", [0, 2])
+def test_a_refused_token_limit_name_is_switched_at_once_and_kept_for_the_run(max_retries):
+    script = [Reply(status=400, message=UNSUPPORTED_MAX_TOKENS), Reply("first"), Reply("second")]
+    with ScriptedServer(script) as server:
+        c = bare(server.base_url, response_tokens=500, max_retries=max_retries)
+        one, two = c.complete(MESSAGES), c.complete(MESSAGES)
+    assert [a.status for a in one.attempts] == ["bad_request", "ok"] and one.text == "first"
+    assert one.attempts[0].http_status == 400 and "max_completion_tokens" in one.attempts[0].error
+    assert [a.status for a in two.attempts] == ["ok"] and two.text == "second"
+    sent = [("max_tokens" in r, r.get("max_completion_tokens")) for r in server.requests]
+    assert sent == [(True, None), (False, 500), (False, 500)]
+    assert '"max_completion_tokens": 500' in one.request_json()  # the stored request is the one that worked
+
+
+def test_a_refused_temperature_is_dropped_and_a_plain_400_is_not_retried():
+    script = [Reply(status=400, message=UNSUPPORTED_TEMPERATURE), Reply("ok"), Reply(status=400, message="bad")]
+    with ScriptedServer(script) as server:
+        c = bare(server.base_url, temperature=0.5, max_retries=2)
+        adapted, refused = c.complete(MESSAGES), c.complete(MESSAGES)
+    assert [a.status for a in adapted.attempts] == ["bad_request", "ok"]
+    assert [("temperature" in r) for r in server.requests] == [True, False, False]
+    assert [a.status for a in refused.attempts] == ["bad_request"] and not refused.ok and refused.fatal is None
+
+
+def test_a_keyless_local_server_gets_no_real_key(monkeypatch):
+    # The package would read OPENAI_API_KEY when given no key: it must not be sent anywhere.
+    env_key = "sk-env-KFCLIENT-shouldnotbesent-01234"
+    monkeypatch.setenv("OPENAI_API_KEY", env_key)
+    monkeypatch.setenv("OPENAI_ADMIN_KEY", env_key)
+    with ScriptedServer([Reply("local answer")]) as server:
+        exchange = bare(server.base_url, api_key=None).complete(MESSAGES)
+    assert exchange.ok and exchange.text == "local answer"
+    assert env_key not in server.auth[0] and all(env_key not in v for v in server.headers[0].values())
+
+
+def test_adapted_params_reads_openai_messages_only():
+    sent = {"model": "m", "max_tokens": 9, "temperature": 0.5}
+    assert adapted_params(sent, UNSUPPORTED_MAX_TOKENS) == {"model": "m", "max_completion_tokens": 9,
+                                                            "temperature": 0.5}
+    assert adapted_params(sent, UNSUPPORTED_TEMPERATURE) == {"model": "m", "max_tokens": 9}
+    back = {"model": "m", "max_completion_tokens": 9}
+    assert adapted_params(back, "Unsupported parameter: 'max_completion_tokens'; use 'max_tokens'") == \
+        {"model": "m", "max_tokens": 9}
+    assert adapted_params(sent, "400 request refused: messages must not be empty") is None
+    assert adapted_params({"model": "m"}, UNSUPPORTED_TEMPERATURE) is None  # nothing to drop
+
+
+# -- endpoints: the secrets read when the search starts, one client per model, the weighted choice --
+
+def test_header_references_are_read_from_the_environment_registered_and_a_missing_one_is_named(monkeypatch):
+    from kernelforge.llm.endpoints import EndpointUnusable, make_clients
+    from kernelforge.llm_spec import LLMSpec, ModelSpec
+    from kernelforge.redact import redact
+
+    token = "tok-KFCLIENT-header-5566778899"
+    monkeypatch.setenv("KF_TEST_HEADER_TOKEN", token)
+    monkeypatch.delenv("KF_TEST_UNSET_VAR", raising=False)
+    with ScriptedServer([Reply("a"), Reply("b")]) as server:
+        spec = LLMSpec(max_retries=0, timeout_s=5.0, headers=(("X-Token", "${KF_TEST_HEADER_TOKEN}"),),
+                       models=(ModelSpec("first", server.base_url, extra_body=(("num_ctx", 8192),)),
+                               ModelSpec("second", server.base_url, temperature=0.2, weight=2.0)))
+        clients = make_clients(spec, seed=0, deadline=None)
+        exchanges = [c.complete(MESSAGES) for c in clients]
+    assert [c.model for c in clients] == ["first", "second"]
+    assert [h["x-token"] for h in server.headers] == [token, token]
+    assert server.requests[0]["num_ctx"] == 8192 and "temperature" not in server.requests[0]
+    assert server.requests[1]["temperature"] == 0.2 and "num_ctx" not in server.requests[1]
+    assert redact(f"sent {token}") == "sent ***"  # registered as a secret when read
+    assert all(token not in e.request_json() for e in exchanges)
+    with pytest.raises(EndpointUnusable, match="KF_TEST_UNSET_VAR is not set"):
+        make_clients(LLMSpec(base_url="http://127.0.0.1:9/v1", model="m",
+                             headers=(("X-Token", "${KF_TEST_UNSET_VAR}"),)), seed=0, deadline=None)
+    with pytest.raises(EndpointUnusable, match="KF_TEST_UNSET_VAR is not set"):
+        make_clients(LLMSpec(base_url="http://127.0.0.1:9/v1", model="m", api_key_env="KF_TEST_UNSET_VAR"),
+                     seed=0, deadline=None)
+
+
+def test_the_weighted_choice_follows_the_weights_in_the_same_order_every_run():
+    from kernelforge.llm.endpoints import WeightedChoice
+
+    first = WeightedChoice([3, 1], seed=0)
+    order = [first.next() for _ in range(8)]
+    assert order.count(0) == 6 and order.count(1) == 2
+    again = WeightedChoice([3, 1], seed=0)
+    assert [again.next() for _ in range(8)] == order
+    assert [WeightedChoice([1], seed=5).next() for _ in range(3)] == [0, 0, 0]
+    with pytest.raises(ValueError):
+        WeightedChoice([1, 0])

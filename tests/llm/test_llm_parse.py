@@ -69,3 +69,43 @@ def test_points_for_an_existing_template(answer):
     parsed = parse_answer(answer, BLOCK)
     assert parsed.kind == "points" and parsed.target == "toy/axpy/baseline"
     assert parsed.points == [{"BLOCK": 1024, "num_warps": 2}, {"BLOCK": 64, "num_warps": 1}]
+
+
+# -- diff edits (kernelforge.llm.diff) --------------------------------------------------------------
+
+_WIDEN = ("I widen the tile.\n\n```\n<<<<<<< SEARCH\nBLOCK = [1024, 2048, 4096]\n=======\nBLOCK = [2048, 4096]\n"
+          ">>>>>>> REPLACE\n<<<<<<< SEARCH\n[baseline]\nBLOCK = 1024\n=======\n[baseline]\nBLOCK = 2048\n"
+          ">>>>>>> REPLACE\n```\n")
+
+
+def test_a_diff_edit_is_applied_to_the_parent_and_parsed_like_the_whole_template():
+    parsed = parse_answer(_WIDEN, BLOCK, parent_text=FAST)
+    whole = FAST.replace("BLOCK = [1024, 2048, 4096]", "BLOCK = [2048, 4096]").replace(
+        "[baseline]\nBLOCK = 1024", "[baseline]\nBLOCK = 2048")
+    assert parsed.kind == "template" and parsed.template.origin == "llm" and parsed.template.role == "variant"
+    assert parsed.template.id == parse_answer(fenced(whole), BLOCK).template.id == template_id_for(BLOCK, whole)
+    assert dict(parsed.template.baseline) == {"BLOCK": 2048, "num_warps": 4}
+    assert "-BLOCK = [1024, 2048, 4096]\n+BLOCK = [2048, 4096]\n" in parsed.edit
+    assert parse_answer(fenced(whole), BLOCK).edit == "", "a whole template is no edit"
+
+
+@pytest.mark.parametrize("answer, parent, fragment", [
+    (_WIDEN, None, "answer with the complete template"),
+    (_WIDEN, SLOW, "was not found"),
+    (_WIDEN.replace(">>>>>>> REPLACE\n```", "```"), FAST, "no >>>>>>> REPLACE line"),
+])
+def test_a_diff_edit_that_does_not_apply_is_an_invalid_diff(answer, parent, fragment):
+    parsed = parse_answer(answer, BLOCK, parent_text=parent)
+    assert parsed.kind == "invalid_diff" and not parsed.ok and fragment in parsed.message and not parsed.edit
+
+
+def test_a_diff_edit_cut_off_inside_a_block_is_truncated():
+    parsed = parse_answer(_WIDEN[:120], BLOCK, finish_reason="length", parent_text=FAST)
+    assert parsed.kind == "truncated"
+
+
+def test_a_diff_edit_that_breaks_the_template_is_an_invalid_template_with_its_edit():
+    answer = "<<<<<<< SEARCH\n[baseline]\nBLOCK = 1024\n=======\n[baseline]\nBLOCK = 7\n>>>>>>> REPLACE\n"
+    parsed = parse_answer(answer, BLOCK, parent_text=FAST)
+    assert parsed.kind == "invalid_template" and "the edit applied" in parsed.message
+    assert "+BLOCK = 7" in parsed.edit

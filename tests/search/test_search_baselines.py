@@ -142,7 +142,7 @@ class PairingExecutor:
         self.pairs = []
 
     def pair_speedups(self, block, baseline_source, candidate_source, shape, dtype, pairs):
-        self.pairs.append((shape.name, source_id(baseline_source), source_id(candidate_source)))
+        self.pairs.append((shape.name, source_id(baseline_source), source_id(candidate_source)))  # source hashes
         return [1.5] * pairs
 
 
@@ -172,7 +172,8 @@ def test_confirmation_pairs_each_shape_with_its_own_baseline(tmp_path):
     run = RunContext(job=job, catalog=CATALOG, store=store, executor=executor, progress=Progress(), env={},
                      env_key="env", baselines={BLOCK: baselines}, ledger=store.ledger(job.name, "env"))
     winners = confirm(run, top=1)
-    assert sorted(executor.pairs) == sorted((name, baselines[name].id, fast.id) for name in POINTS)
+    assert sorted(executor.pairs) == sorted((name, source_id(baselines[name].source), source_id(fast.source))
+                                            for name in POINTS)
     rows = store.confirmations(job.name)
     assert {(r.shape, r.baseline_id) for r in rows} == {(name, baselines[name].id) for name in POINTS}
     assert len(winners[BLOCK]) == 3 and all(w.winner for w in winners[BLOCK])

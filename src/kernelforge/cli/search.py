@@ -112,7 +112,7 @@ def with_llm(job, mode: str | None, model: str | None, key_env: str | None):
     """The job with the command line's --llm options applied (see ``search --help``)."""
     from dataclasses import replace
 
-    from kernelforge.job import LLMSpec, check_base_url, parse_llm
+    from kernelforge.llm_spec import LLMSpec, check_base_url, parse_llm
 
     if mode is None and model is None and key_env is None:
         return job
@@ -130,15 +130,16 @@ def with_llm(job, mode: str | None, model: str | None, key_env: str | None):
         if mode is None:
             raise UserError("--llm-model/--llm-key-env need --llm URL (or an [llm] table in the job)")
         spec = parse_llm({}, "--llm", require_endpoint=False)
+    # --llm URL / --llm-model NAME override the job's models with this one model.
     if mode is not None:
         check_base_url(mode, "--llm")
-        spec = replace(spec, base_url=mode)
+        spec = replace(spec, base_url=mode, models=())
     if model is not None:
-        spec = replace(spec, model=model)
+        spec = replace(spec, model=model, models=())
     if key_env is not None:
-        spec = replace(spec, api_key_env=parse_llm({"api_key_env": key_env}, "--llm-key-env",
-                                                   require_endpoint=False).api_key_env)
-    if not spec.model:
+        name = parse_llm({"api_key_env": key_env}, "--llm-key-env", require_endpoint=False).api_key_env
+        spec = replace(spec, api_key_env=name, models=tuple(replace(m, api_key_env=name) for m in spec.models))
+    if not spec.model and not spec.models:
         raise UserError("--llm URL needs --llm-model NAME (or [llm] model in the job)")
     return replace(job, llm=spec)
 

@@ -46,12 +46,16 @@ class ReplayExecutor:
         self.store = Store(f"sqlite:///{self.path}", create=False)
         self._env: dict[str, Any] | None = None
         self._index: dict[tuple[str, str, str], StoredResult] = {}
+        # Indexed by the hash of the source (what evaluate is given): a candidate id also hashes its
+        # template's id; a result without a stored candidate keeps its id (older recordings: the same).
+        by_source = {c.id: source_id(c.source) for c in self.store.candidates()}
         for row in self.store.results():
             # One recording may hold several devices: replay the first one seen, consistently.
             if self._env is None:
                 self._env = row.env
             if row.env == self._env:
-                self._index.setdefault((row.candidate_id, row.shape, row.dtype), row)
+                key = by_source.get(row.candidate_id, row.candidate_id)
+                self._index.setdefault((key, row.shape, row.dtype), row)
 
     def prepare(self) -> None:
         if self._env is None:
@@ -83,7 +87,7 @@ class ReplayExecutor:
     def evaluate(self, block: Block, source: str, shapes: list[Shape], dtype, *,
                  deterministic: bool = True, plan=None) -> list[Evaluation]:
         """The recorded evaluations of the candidate whose source is ``source`` (looked up by its
-        id, the hash of the source), one per shape. ``plan`` (a timing plan) is ignored: nothing
+        source's hash), one per shape. ``plan`` (a timing plan) is ignored: nothing
         is timed, the recorded methods are replayed."""
         candidate_id = source_id(source)
         dtype_name = _dtype_name(dtype)

@@ -17,16 +17,16 @@ prompt is handed back (none when the replayed search asks something else).
 from __future__ import annotations
 
 import json
-import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from kernelforge.job import LLMSpec
-from kernelforge.llm.client import Attempt, ChatClient, Exchange, OpenAIChatClient
+from kernelforge.llm_spec import LLMSpec
+from kernelforge.llm.client import Attempt, ChatClient, Exchange
+from kernelforge.llm.endpoints import EndpointUnusable, make_clients
 from kernelforge.llm.parse import fenced_blocks
 from kernelforge.llm.prompts import block_facts, device_facts
-from kernelforge.redact import redact_url, register
+from kernelforge.redact import redact_url
 
 if TYPE_CHECKING:
     from kernelforge.block import Block, Shape
@@ -203,20 +203,15 @@ class PointAdvisor:
         if self._client is not None:
             return self._client, ""
         spec = self.spec
-        if not spec.base_url or not spec.model:
+        model = spec.endpoints()[0]  # one answer per study: the first model of the job asks it
+        if not model.base_url or not model.model:
             return None, "[llm] needs base_url and model (or --llm URL --llm-model NAME)"
-        key = None
-        if spec.api_key_env:
-            key = os.environ.get(spec.api_key_env)
-            register(key)  # masked in everything this process writes, from now on
-            if not key:
-                return None, f"[llm] api_key_env: the environment variable {spec.api_key_env} is not set"
-        try:
-            return OpenAIChatClient(base_url=spec.base_url, model=spec.model, api_key=key, timeout_s=spec.timeout_s,
-                                    max_retries=min(spec.max_retries, MAX_RETRIES), temperature=spec.temperature,
-                                    response_tokens=spec.response_tokens, seed=self.seed), ""
-        except Exception as exc:  # the openai package missing or refusing the settings
-            return None, f"cannot create the chat client for {redact_url(spec.base_url)}: {type(exc).__name__}"
+        try:  # the job's request shape too: temperature, token limit name, extra body and headers
+            [client] = make_clients(replace(spec, models=(model,)), seed=self.seed, deadline=None,
+                                    max_retries=min(spec.max_retries, MAX_RETRIES))
+        except EndpointUnusable as exc:
+            return None, str(exc)
+        return client, ""
 
     def _read(self, exchange: Exchange, standings) -> Advice:
         if not exchange.ok:

@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kernelforge.job import LLMSpec
+from kernelforge.llm_spec import LLMSpec
 from kernelforge.llm.client import Attempt, Exchange
 from kernelforge.llm.context import REPAIRABLE, PromptContext
 from kernelforge.llm.parse import Parsed, parse_answer
@@ -31,7 +31,9 @@ class Response:
     :class:`~kernelforge.search.proposer.Proposal`, which settles it later), or a failure settled
     at once (``no_code``, a request's final status, ...): the text stored as its kind. ``parent`` is
     the candidate the model was asked to improve on (the failed candidate for a repair);
-    ``messages`` and ``answer`` are the conversation, for a repair turn.
+    ``messages`` and ``answer`` are the conversation, for a repair turn. ``parent_text`` is the
+    template text the answer could edit (None: none was offered); ``edit`` the unified diff of it
+    to the new template when the answer was a diff edit that applied.
     """
 
     seq: int
@@ -48,6 +50,8 @@ class Response:
     messages: list[dict[str, str]] = field(default_factory=list)
     answer: str = ""
     settled: bool = False
+    parent_text: str | None = None
+    edit: str = ""
 
     @property
     def proposal(self) -> Proposal:
@@ -74,6 +78,10 @@ class BaseGenerator:
         self.requests = 0
         self.attempts = 0
         self.tokens = 0
+        # Every template this generator parsed, by id: a repair's parent may be a candidate of a
+        # template the search did not keep (the policy rejected it), and its text is still the
+        # one to edit.
+        self._texts: dict[str, str] = {}
 
     # -- the search's side ---------------------------------------------------------------------
 
@@ -135,9 +143,21 @@ class BaseGenerator:
 
     # -- shared mechanics ----------------------------------------------------------------------
 
+    def edit_text(self, candidate_id: str | None) -> str | None:
+        """The template text a request whose parent is ``candidate_id`` offers for a diff edit:
+        the text of that candidate's template. A repair's parent is the candidate of the failed
+        answer when it made one, so the model edits its own attempt; else the original parent.
+        Only stored data decides it, so a replay offers the same text. None when unknown."""
+        stored = self.store.candidate(candidate_id) if candidate_id else None
+        if stored is not None and stored.template in self._texts:
+            return self._texts[stored.template]
+        return self.context.parent_text(candidate_id)
+
     def _take_in(self, block_id: str, purpose: str, parent: str | None, depth: int, exchange: Exchange,
-                 *, replayed_from: str | None = None, messages: list[dict[str, str]] | None = None) -> Response:
-        """Record a finished request and turn its answer into a response."""
+                 *, replayed_from: str | None = None, messages: list[dict[str, str]] | None = None,
+                 parent_text: str | None = None) -> Response:
+        """Record a finished request and turn its answer into a response; a diff edit in the
+        answer applies to ``parent_text`` (the template text the request offered for editing)."""
         self._seq += 1
         self.requests += 1
         self.attempts += len(exchange.attempts)
@@ -146,8 +166,10 @@ class BaseGenerator:
         parsed: Parsed | None = None
         if exchange.ok:
             parsed = parse_answer(exchange.text, block_id, finish_reason=final.finish_reason,
-                                  where=f"LLM answer #{self._seq}")
+                                  where=f"LLM answer #{self._seq}", parent_text=parent_text)
             kind, message = str(parsed.kind), parsed.message
+            if parsed.template is not None:
+                self._texts[parsed.template.id] = parsed.template.text
         else:
             kind = final.status if final else "error"
             message = (final.error if final else None) or exchange.fatal or "no answer"
@@ -165,11 +187,12 @@ class BaseGenerator:
         proposal = Response(self._seq, block_id, kind, purpose, parent, depth, message,
                             template=parsed.template if parsed else None, target=parsed.target if parsed else None,
                             points=parsed.points if parsed else [], row_id=row_id, messages=list(messages or []),
-                            answer=exchange.text)
+                            answer=exchange.text, parent_text=parent_text, edit=parsed.edit if parsed else "")
         self.progress.event("llm", block=block_id, seq=self._seq, purpose=purpose, outcome=kind,
                             attempts=[a.status for a in exchange.attempts], tokens=exchange.tokens,
                             latency_s=round(sum(a.latency_s for a in exchange.attempts), 3),
                             template=parsed.template.id if parsed and parsed.template else None,
+                            edit=bool(parsed and parsed.edit),
                             message=message[:300] if settled_now else "")
         if settled_now:
             self.kinds[kind] += 1
@@ -182,7 +205,7 @@ class BaseGenerator:
         return {
             "job": self.job_name, "run": self.run, "seq": self._seq, "attempt": attempt.attempt, "final": final,
             "block": block_id, "purpose": purpose, "parent": parent, "depth": depth,
-            "model": str(exchange.params.get("model", "")), "base_url": redact_url(self._base_url()),
+            "model": str(exchange.params.get("model", "")), "base_url": redact_url(exchange.base_url or self._base_url()),
             "request": exchange.request_json(), "request_hash": exchange.request_hash(), "response": attempt.text,
             "finish_reason": attempt.finish_reason, "status": attempt.status, "http_status": attempt.http_status,
             "error": attempt.error, "prompt_tokens": attempt.prompt_tokens,

@@ -3,14 +3,17 @@
 One :meth:`ChatClient.complete` call is one *request*: up to ``1 + max_retries`` HTTP *attempts*,
 each recorded (status, latency, tokens, the response or the error), with backoff between them.
 Retried: timeouts, connection failures, 5xx, 429 (after the server's Retry-After, or backoff when
-it gives none). Not retried: 400 (this request is bad; the next one may be fine). Fatal for the
+it gives none). Not retried: 400 (this request is bad; the next one may be fine), except a 400
+saying the token limit's field name or ``temperature`` is unsupported: retried at once with the
+other name / without temperature, and so for the rest of the run (:func:`adapted_params`). Fatal for the
 whole generator (:attr:`Exchange.fatal`): 401/403 (key), 404 (base URL or model), an endpoint that
 cannot be reached at all; the generator stops with that one message and the search goes on.
 
 The API key is held in memory only and registered with the one redactor (:mod:`kernelforge.redact`)
 when a client is made. Every message is redacted just before it is sent (the key travels only in
 the Authorization header), and every text that leaves this module (errors, responses) is redacted
-as it arrives, because servers echo credentials in error bodies and answers.
+as it arrives, because servers echo credentials in error bodies and answers. Extra headers
+(``[llm.headers]``) are sent and never recorded; the recorded request is the JSON body sent.
 """
 
 from __future__ import annotations
@@ -19,15 +22,20 @@ import email.utils
 import hashlib
 import json
 import random
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from kernelforge.redact import redact, redact_data, register
 
 #: Kinds of a failed attempt, and whether the generator retries it.
 RETRYABLE = {"request_timeout", "rate_limited", "server_error", "unreachable", "bad_response"}
 FATAL = {"auth_error", "not_found"}
+#: What is sent as the key when there is none (a local server): the package requires one.
+NO_KEY = "no-key"
+#: The two names of the response-token limit (kernelforge.llm_spec.TOKEN_LIMIT_FIELDS).
+TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")
 
 
 @dataclass(frozen=True)
@@ -58,6 +66,7 @@ class Exchange:
     params: dict[str, Any]
     attempts: list[Attempt] = field(default_factory=list)
     fatal: str | None = None  # set when the endpoint cannot serve any request: stop the generator
+    base_url: str = ""  # the endpoint that served it ("" when not a live request)
 
     @property
     def final(self) -> Attempt | None:
@@ -136,8 +145,9 @@ class OpenAIChatClient(ChatClient):
     max_retry_after = 300.0
 
     def __init__(self, *, base_url: str, model: str, api_key: str | None, timeout_s: float, max_retries: int,
-                 temperature: float, response_tokens: int | None = None, seed: int = 0,
-                 deadline: float | None = None):
+                 temperature: float | None = None, response_tokens: int | None = None, seed: int = 0,
+                 deadline: float | None = None, token_limit_field: str = "max_tokens",
+                 extra_body: Mapping[str, Any] | None = None, headers: Mapping[str, str] | None = None):
         import openai  # lazily: the GPU image has no openai
 
         self._openai = openai
@@ -147,23 +157,41 @@ class OpenAIChatClient(ChatClient):
         self.max_retries = max_retries
         self.deadline = deadline
         register(api_key)
-        self.params: dict[str, Any] = {"model": model, "temperature": temperature}
+        # The body: the job's extra fields, then what the generator controls (never overridden).
+        self.params: dict[str, Any] = {**(extra_body or {}), "model": model}
+        if temperature is not None:  # unset: not sent (reasoning models refuse any temperature)
+            self.params["temperature"] = temperature
         if response_tokens is not None:
-            self.params["max_tokens"] = response_tokens
+            self.params[token_limit_field] = response_tokens
+        # Sent, never recorded (Exchange.params holds the body only): values may be secrets.
+        self._headers = dict(headers or {})
+        self._lock = threading.Lock()
+        self._adapted: set[str] = set()  # fields given up on after a server refused them
         self._rng = random.Random(seed)
-        # A local server needs no key, but the package insists on one: send a placeholder.
-        self._client = openai.OpenAI(api_key=api_key or "no-key", base_url=base_url, timeout=timeout_s,
+        # A local server needs no key, but the package insists on one (and would otherwise read
+        # OPENAI_API_KEY from the environment): send a placeholder that is no secret.
+        self._client = openai.OpenAI(api_key=api_key or NO_KEY, base_url=base_url, timeout=timeout_s,
                                      max_retries=0)
 
     def complete(self, messages: list[dict[str, str]]) -> Exchange:
         # What is sent is what is recorded: both without any registered secret.
         messages = redact_data(messages)
-        exchange = Exchange(messages=messages, params=dict(self.params))
-        for number in range(self.max_retries + 1):
-            attempt = self._attempt(messages, number)
+        with self._lock:
+            exchange = Exchange(messages=messages, params=dict(self.params), base_url=self.base_url)
+        number, last = 0, self.max_retries
+        while number <= last:
+            attempt = self._attempt(messages, number, exchange.params)
             exchange.attempts.append(attempt)
             if attempt.status == "ok":
                 break
+            if attempt.status == "bad_request":
+                changed = self._adapt(exchange.params, attempt.error or "")
+                if changed is not None:
+                    # At once, one more attempt, and for the rest of the run: the server said what
+                    # it refuses. The stored request is the body last sent.
+                    exchange.params = changed
+                    number, last = number + 1, last + 1
+                    continue
             if attempt.status in FATAL:
                 exchange.fatal = attempt.error
                 break
@@ -175,13 +203,30 @@ class OpenAIChatClient(ChatClient):
             if wait > self.max_retry_after or (self.deadline is not None and time.monotonic() + wait > self.deadline):
                 break  # waiting would outlast the budget: this request has failed
             time.sleep(wait)
+            number += 1
         return exchange
+
+    def _adapt(self, sent: dict[str, Any], error: str) -> dict[str, Any] | None:
+        """The body to retry with when a 400 says a field of ``sent`` is unsupported (the token
+        limit's name, or temperature), also kept for later requests; None when it says nothing of
+        the kind."""
+        fixed = adapted_params(sent, error)
+        if fixed is None:
+            return None
+        with self._lock:
+            # Each fix once per client: a server that refuses both names cannot make it flip forever.
+            kinds = {k for k in ("temperature", *TOKEN_FIELDS) if k in sent and k not in fixed}
+            if kinds & self._adapted:
+                return None
+            self._adapted |= kinds
+            self.params = dict(fixed)
+        return fixed
 
     def _backoff(self, number: int) -> float:
         base = min(self.backoff_max, self.backoff_base * 2 ** number)
         return base * (0.75 + 0.5 * self._rng.random())
 
-    def _attempt(self, messages: list[dict[str, str]], number: int) -> Attempt:
+    def _attempt(self, messages: list[dict[str, str]], number: int, params: dict[str, Any]) -> Attempt:
         openai = self._openai
         start = time.monotonic()
 
@@ -190,7 +235,11 @@ class OpenAIChatClient(ChatClient):
                            error=redact(error)[:2000], retry_after_s=wait)
 
         try:
-            response = self._client.chat.completions.create(messages=messages, **self.params)
+            # Every field but the model travels as extra_body: the package's keyword arguments do
+            # not know a local server's fields, and the body must be exactly what is recorded.
+            body = {k: v for k, v in params.items() if k != "model"}
+            response = self._client.chat.completions.create(model=params["model"], messages=messages,
+                                                            extra_body=body, extra_headers=self._headers or None)
         except openai.APITimeoutError:
             return failed("request_timeout", f"no response within {self.timeout_s:g} s (timeout_s)")
         except openai.APIConnectionError as exc:
@@ -231,6 +280,23 @@ class OpenAIChatClient(ChatClient):
             self._client.close()
         except Exception:  # closing a client must never fail a search
             pass
+
+
+def adapted_params(sent: dict[str, Any], error: str) -> dict[str, Any] | None:
+    """``sent`` fixed as a 400's ``error`` asks, or None when it does not ask for what can be fixed:
+    the token limit under its other name (OpenAI: "Unsupported parameter: 'max_tokens' ... Use
+    'max_completion_tokens' instead.") or no temperature ("Unsupported value: 'temperature' ...")."""
+    text = error.lower()
+    if "unsupported" not in text and "not supported" not in text:
+        return None
+    for name, other in (TOKEN_FIELDS, TOKEN_FIELDS[::-1]):
+        if name in sent and name in text and other in text.replace(name, ""):
+            fixed = {k: v for k, v in sent.items() if k != name}
+            fixed[other] = sent[name]
+            return fixed
+    if "temperature" in sent and "temperature" in text:
+        return {k: v for k, v in sent.items() if k != "temperature"}
+    return None
 
 
 def _cause(exc: BaseException) -> str:

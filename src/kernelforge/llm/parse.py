@@ -1,10 +1,13 @@
-"""What a model's answer contains: a complete template, a set of points for an existing template,
-or nothing usable (and then exactly why, in words the model gets back in its repair turn).
+"""What a model's answer contains: a complete template, a diff edit of its parent's template, a set
+of points for an existing template, or nothing usable (and then exactly why, in words the model
+gets back in its repair turn).
 
 Models wrap code in prose and fences of any language tag; an answer may hold several fences (an
 explanation snippet, then the template). The template is the fenced block that starts with the
 ``{#-`` header; points are a TOML block with ``template`` and ``points``. An unterminated fence or
-``finish_reason == "length"`` without a complete template is a truncated answer.
+``finish_reason == "length"`` without a complete template is a truncated answer. An answer with
+search/replace markers (:mod:`kernelforge.llm.diff`) is a diff edit: applied to the parent's
+template text, then parsed like a whole template (the same template, the same id, the same checks).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 
 from kernelforge.candidate import source_id
 from kernelforge.errors import TemplateError
+from kernelforge.llm.diff import EditFailure, apply_edit, has_edit_blocks
 from kernelforge.search.proposer import Outcome
 from kernelforge.template import Template
 
@@ -32,8 +36,9 @@ class Parsed:
     """The outcome of parsing one answer.
 
     ``kind``: ``template`` (``template`` set), ``points`` (``points`` and ``target`` set), or a
-    failure: ``no_code``, ``truncated``, ``invalid_template``, ``invalid_points``; ``message``
-    says what was wrong.
+    failure: ``no_code``, ``truncated``, ``invalid_template``, ``invalid_points``,
+    ``invalid_diff``; ``message`` says what was wrong. ``edit`` is the unified diff of the parent's
+    template to the new one when the answer was a diff edit that applied (else empty).
     """
 
     kind: Outcome
@@ -41,6 +46,7 @@ class Parsed:
     template: Template | None = None
     target: str | None = None
     points: list[dict[str, Any]] = field(default_factory=list)
+    edit: str = ""
 
     @property
     def ok(self) -> bool:
@@ -77,8 +83,12 @@ def llm_template(text: str, block_id: str, where: str) -> Template:
     return replace(template, role="variant", origin="llm")
 
 
-def parse_answer(text: str, block_id: str, *, finish_reason: str | None = None, where: str = "answer") -> Parsed:
-    """Parse one answer for ``block_id`` (see the module docstring)."""
+def parse_answer(text: str, block_id: str, *, finish_reason: str | None = None, where: str = "answer",
+                 parent_text: str | None = None) -> Parsed:
+    """Parse one answer for ``block_id`` (see the module docstring); ``parent_text`` is the template
+    text a diff edit applies to (None: the request had none, so a diff edit is refused)."""
+    if has_edit_blocks(text):
+        return _edit(text, block_id, finish_reason, where, parent_text)
     blocks, open_fence = fenced_blocks(text)
     if not blocks and not open_fence and "{#-" in text:
         # No fences at all, but a header: take the answer from the header on as the template.
@@ -103,6 +113,30 @@ def parse_answer(text: str, block_id: str, *, finish_reason: str | None = None, 
                                                   "{#- [template] ... [space] ... [baseline] ... -#}")
     return Parsed(Outcome.NO_CODE, message="the answer contains no code block; answer with one fenced code block "
                                            "holding the complete template")
+
+
+def _edit(text: str, block_id: str, finish_reason: str | None, where: str, parent_text: str | None) -> Parsed:
+    if parent_text is None:
+        return Parsed(Outcome.INVALID_DIFF, message="this request named no parent template to edit, so "
+                                                    "SEARCH/REPLACE blocks cannot apply: answer with the complete "
+                                                    "template in one fenced code block")
+    applied = apply_edit(parent_text, text)
+    if isinstance(applied, EditFailure):
+        parsed = Parsed(Outcome.INVALID_DIFF, message=f"the edit does not apply: {applied.message}")
+    else:
+        body = applied.text.strip() + "\n"  # as a whole-template answer's body: the same text, the same id
+        try:
+            return Parsed(Outcome.TEMPLATE, template=llm_template(body, block_id, where), edit=applied.diff)
+        except TemplateError as exc:
+            parsed = Parsed(Outcome.INVALID_TEMPLATE, edit=applied.diff,
+                            message=f"the edit applied, but the template it makes is invalid: {exc}. Edit the "
+                                    "same parent template again (the blocks apply to it, not to your answer), or "
+                                    "answer with the complete template")
+    if finish_reason == "length":  # cut off: its last block may be missing or half written
+        return replace(parsed, kind=Outcome.TRUNCATED, message=f"the answer was cut off ({parsed.message}); "
+                                                               "answer with shorter SEARCH/REPLACE blocks only, "
+                                                               "without explanations")
+    return parsed
 
 
 def _points(body: str, block_id: str) -> Parsed:

@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from kernelforge.errors import TemplateError
-from kernelforge.job import Job, LLMSpec
+from kernelforge.job import Job
+from kernelforge.llm_spec import LLMSpec
 from kernelforge.llm.base import BaseGenerator, Response
 from kernelforge.llm.client import ChatClient
 from kernelforge.llm.context import PromptContext

@@ -1,7 +1,9 @@
 """The replaying generator: hands back the answers stored in a job database instead of asking an
 endpoint, each at the tick it was taken in originally, in the same order, with the same parents,
 so a replayed search (``--llm replay``) makes the same decisions offline: the same templates, the
-same Optuna points, the same candidates.
+same Optuna points, the same candidates. A diff edit is applied again to the same text the live
+run offered it: the template text of the stored call's parent candidate
+(:meth:`~kernelforge.llm.base.BaseGenerator.edit_text`).
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import json
 from collections import deque
 
-from kernelforge.job import LLMSpec
+from kernelforge.llm_spec import LLMSpec
 from kernelforge.llm.advisor import PURPOSE as ADVISER_PURPOSE
 from kernelforge.llm.base import BaseGenerator, Response
 from kernelforge.llm.client import Attempt, Exchange
@@ -57,12 +59,23 @@ class ReplayGenerator(BaseGenerator):
             self._queue.popleft()
             self._release_next = False
             proposal = self._take_in(rows[-1].block, rows[-1].purpose, rows[-1].parent, rows[-1].depth,
-                                     _exchange(rows), replayed_from=self.source_url)
+                                     _exchange(rows), replayed_from=self.source_url,
+                                     parent_text=self.edit_text(rows[-1].parent))
             if proposal.kind in (Outcome.TEMPLATE, Outcome.POINTS):
                 proposals.append(proposal)
         if not self._queue and self.stopped is None:
             self.stop("every stored response was replayed", failure=False)
         return proposals
+
+    def edit_text(self, candidate_id: str | None) -> str | None:
+        # A replay that diverged may lack the parent candidate: the source database has it.
+        text = super().edit_text(candidate_id)
+        if text is None and candidate_id and self._source is not None:
+            stored = self._source.candidate(candidate_id)
+            if stored is not None:
+                text = self._texts.get(stored.template) or next(
+                    (t.text for t in self._source.templates(stored.block) if t.id == stored.template), None)
+        return text
 
     def wait(self, timeout: float) -> None:
         # Nothing to wait for offline: the search is idle, so hand over the next response now.

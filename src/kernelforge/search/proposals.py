@@ -1,6 +1,8 @@
 """What the search does with a proposer's proposals: a new template becomes studies of its own
-(its suggested point first, then the job's strategy over its space) with budgets from its groups'
-reserve; points go into the named template's studies; every proposal gets its verdict back.
+with budgets from its groups' reserve: its suggested point alone first (one evaluation), then,
+once that point is verified correct, the job's strategy over its space (the tuning the reserve
+grants then), so a template that fails costs one evaluation; points go into the named template's
+studies; every proposal gets its verdict back.
 
 The proposer (:mod:`kernelforge.search.proposer`) runs beside the search; this module is the
 search's side of that seam, and :class:`View` is all the proposer sees of the search.
@@ -61,7 +63,9 @@ class Proposals:
     def new_studies(self, block: Block, template: Template, *, parent: str | None, proposal: Proposal | None,
                     spent_from_store: bool = False) -> list[Study]:
         """Studies of a proposed template, one per shape group, each with a budget from the
-        group's reserve (its suggested point plus ``tune_evaluations``)."""
+        group's reserve: its suggested point alone (tuning is granted by :meth:`observe` once that
+        point is verified); a template of an earlier run (``spent_from_store``, its point passed)
+        gets its tuning at once, and at least what it already spent."""
         run = self.run
         root = Candidate.from_template(template, template.baseline).id
         created = []
@@ -70,7 +74,7 @@ class Proposals:
             if spent_from_store:
                 spent = len(run.store.evaluated(run.job.name, block.id, template.id, group.shape_filter,
                                                 run.dtype_name))
-            budget = max(self.reserve.template_budget(block.id, group.scope), spent)
+            budget = max(self.reserve.verification_budget(block.id, group.scope, verified=spent_from_store), spent)
             if budget <= 0:
                 continue
             name = study_name(run.job, template.id, group.scope)
@@ -139,6 +143,12 @@ class Proposals:
 
     def _add_points(self, proposal: Proposal, studies: list[Study]) -> None:
         targets = [s for s in studies if s.template.id == proposal.target and s.block.id == proposal.block_id]
+        if targets and all(s.proposed and not s.reported for s in targets):
+            # Its own point is not verified yet: a point paid now would run before the verdict,
+            # a second evaluation of a template that may not work.
+            self.settle(proposal, Outcome.INVALID_POINTS, f"template {proposal.target} is not verified yet: "
+                                                          "propose points for it once its own point passed")
+            return
         if not targets:
             known = sorted({s.template.id for s in studies if s.block.id == proposal.block_id})
             self.settle(proposal, Outcome.INVALID_POINTS, f"no template {proposal.target} in this search; it has "
@@ -192,14 +202,19 @@ class Proposals:
 
     def observe(self, study: Study, candidate: Candidate, ordered: list[StoredResult],
                 baseline: Mapping[str, StoredResult]) -> None:
-        """Tell the proposer how a template it wrote did at its own point; a failed template is
-        not tuned (its study closes and its reserve goes back to the pool)."""
+        """Tell the proposer how a template it wrote did at its own point. A verified template's
+        study is granted its tuning from the reserve (as far as the pool allows); a failed one is
+        not tuned (its study closes, having cost its one evaluation)."""
         if not study.proposed or study.reported or candidate.id != study.root:
             return
         study.reported = True
         failed = next((r for r in ordered if not r.ok), None)
         if failed is not None:
             study.exhausted = True
+        else:
+            granted = self.reserve.grant_tuning(study)
+            self.run.progress.event("llm_tuning", block=study.block.id, template=study.template.id,
+                                    scope=study.scope, granted=granted)
         if study.proposal is None:
             return
         value = time_ratio(ordered, baseline)

@@ -37,6 +37,7 @@ class Outcome(str, Enum):
     TRUNCATED = "truncated"
     INVALID_TEMPLATE = "invalid_template"
     INVALID_POINTS = "invalid_points"
+    INVALID_DIFF = "invalid_diff"  # search/replace blocks that do not apply to the parent's template
     # the search's verdicts on a proposal
     SKIPPED = "skipped"  # its block is not in this job (a replayed transcript of another job)
     DUPLICATE = "duplicate"  # the same template, or only points already evaluated

@@ -33,7 +33,8 @@ from sqlalchemy.exc import IntegrityError
 from kernelforge.candidate import Candidate
 from kernelforge.redact import redact_data, register_url
 from kernelforge.result import StoredResult
-from kernelforge.store import llm_log, lock
+from kernelforge.store import llm_log, llm_stats, lock
+from kernelforge.store.llm_stats import ModelStats
 from kernelforge.store.engine import enable_sqlite_pragmas, make_engine
 from kernelforge.store.ledger import Ledger
 from kernelforge.store.lock import JobLock
@@ -241,6 +242,10 @@ class Store:
     def llm_usage(self, job: str) -> LLMUsage:
         """What the live generator spent on ``job`` and its last run and sequence numbers."""
         return llm_log.llm_usage(self.engine, job)
+
+    def llm_model_stats(self, job: str) -> list[ModelStats]:
+        """Per model and endpoint: what ``job``'s live calls cost and became (kernelforge.store.llm_stats)."""
+        return llm_stats.llm_model_stats(self.engine, job)
 
     # -- job locks (kernelforge.store.lock) -----------------------------------------------------
 
