@@ -32,46 +32,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
 from llm_server import BROKEN, FAST, WRONG, Reply, ScriptedServer, fenced  # noqa: E402
+from llm_toy import variant, write_llm_job  # noqa: E402
 
 #: The generator's first version: the last commit before issue 15's work.
 V1 = "1e3acfa"
-
-JOB = """
-[job]
-name = "llmbench"
-device = "interpret"
-dtype = "float16"
-seed = 3
-
-[strategy]
-name = "tpe"
-evaluations = {evaluations}
-
-[[blocks]]
-id = "toy/axpy"
-shapes = "smoke"
-
-[llm]
-base_url = "{url}"
-model = "scripted"
-max_calls = {max_calls}
-concurrency = 1
-timeout_s = 10.0
-max_retries = 0
-repair_turns = 0
-tune_share = 1.0
-tune_evaluations = 3
-"""
 
 
 def edit(search: str, replace: str, prose: str = "A smaller change to the parent:") -> str:
     """An answer with one search/replace block."""
     return f"{prose}\n\n<<<<<<< SEARCH\n{search}\n=======\n{replace}\n>>>>>>> REPLACE\n"
-
-
-def variant(template: str, n: int) -> str:
-    """The same kernel with another comment in its module: another template, another candidate."""
-    return template.replace("import triton\n", f"import triton  # variant {n}\n", 1)
 
 
 #: The script: every template the parent could be (the baseline or the fast one) has the lines
@@ -124,8 +93,9 @@ def _run(tree: Path, folder: Path, evaluations: int, max_calls: int, compile_ahe
     folder.mkdir(parents=True)
     db = folder / "search.db"
     with ScriptedServer(SCRIPT) as server:
-        job = folder / "llmbench.toml"
-        job.write_text(JOB.format(url=server.base_url, evaluations=evaluations, max_calls=max_calls))
+        job = write_llm_job(folder, "llmbench", evaluations=evaluations, seed=3, base_url=server.base_url,
+                            model="scripted", max_calls=max_calls, timeout_s=10.0, repair_turns=0,
+                            tune_evaluations=3)
         env = {**os.environ, "PYTHONPATH": str(tree / "src"), "PYTHONUNBUFFERED": "1"}
         command = [sys.executable, "-m", "kernelforge", "--kernels", str(tree / "tests" / "fixtures" / "kernels"),
                    "search", str(job), "--storage", f"sqlite:///{db}", "--progress", "quiet", "--no-report",

@@ -5,82 +5,24 @@ template that fails costs exactly one evaluation, and only a verified one is tun
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from kernelforge.catalog import Catalog
-from kernelforge.job import load_job
 from kernelforge.llm.parse import template_id_for
 from kernelforge.llm.prompts import estimate_tokens
-from kernelforge.llm.proposer import for_job
-from kernelforge.search.progress import Progress
-from kernelforge.search.loop import Search
 from kernelforge.store.store import Store
 from llm_server import BROKEN, FAST, WRONG, Reply, ScriptedServer, fenced
+from llm_toy import BLOCK, run_llm_search, variant, write_llm_job
 
 pytestmark = pytest.mark.interpreter
-
-ROOT = Path(__file__).resolve().parents[2]
-FIXTURES = ROOT / "tests" / "fixtures" / "kernels"
-BLOCK = "toy/axpy"
-
-JOB = """
-[job]
-name = "{name}"
-device = "interpret"
-dtype = "float16"
-seed = 5
-
-[strategy]
-name = "tpe"
-evaluations = {evaluations}
-
-[[blocks]]
-id = "toy/axpy"
-shapes = "smoke"
-
-[llm]
-base_url = "{url}"
-model = "m"
-max_calls = {max_calls}
-concurrency = 1
-timeout_s = 5.0
-max_retries = 0
-repair_turns = 0
-tune_share = {tune_share}
-tune_evaluations = {tune}
-"""
-
-
-class Recorder(Progress):
-    def __init__(self):
-        self.events = []
-
-    def event(self, kind, **data):
-        self.events.append((kind, data))
 
 
 def search(tmp_path: Path, server: ScriptedServer, name: str, *, evaluations: int, max_calls: int = 8,
            tune_share: float = 0.5, tune: int = 3, db: str = "search.db", **llm_changes):
-    path = tmp_path / f"{name}.toml"
-    path.write_text(JOB.format(name=name, url=server.base_url, evaluations=evaluations, max_calls=max_calls,
-                               tune_share=tune_share, tune=tune))
-    catalog = Catalog.discover(FIXTURES)
-    job = load_job(path, catalog)
-    if llm_changes:
-        job = replace(job, llm=replace(job.llm, **llm_changes))
-    store = Store(f"sqlite:///{tmp_path / db}")
-    recorder = Recorder()
-    outcome = Search(job, catalog, store, recorder, compile_enabled=False, in_process=True,
-                     proposer=for_job(job, store, recorder)).run()
-    return store, recorder, outcome
-
-
-def variant(template: str, n: int) -> str:
-    """The same kernel with another comment in its module: another template and candidate."""
-    return template.replace("import triton\n", f"import triton  # variant {n}\n", 1)
+    path = write_llm_job(tmp_path, name, evaluations=evaluations, base_url=server.base_url, model="m",
+                         max_calls=max_calls, repair_turns=0, tune_share=tune_share, tune_evaluations=tune)
+    return run_llm_search(path, tmp_path / db, **llm_changes)
 
 
 def evaluated(store: Store, template_id: str) -> int:
@@ -154,8 +96,10 @@ def test_the_token_budget_is_checked_with_the_next_prompt_estimated(tmp_path):
 
 
 def test_the_time_budget_stops_the_generator(tmp_path):
-    # 0.003 minutes is 0.18 s; every answer takes 0.5 s: after the first answer the time is up.
+    # 0.003 minutes is 0.18 s; every answer takes 0.5 s: after the first answer the time is up (on
+    # a loaded machine it may be up before the first request is sent: at most one, not the eight
+    # the call budget allows).
     with ScriptedServer([Reply("prose", delay=0.5) for _ in range(8)]) as server:
         _, _, outcome = search(tmp_path, server, "minutes", evaluations=2, max_minutes=0.003)
     assert "time budget spent ([llm] max_minutes = 0.003)" in outcome.llm["stopped"]
-    assert len(server.requests) == 1
+    assert len(server.requests) <= 1

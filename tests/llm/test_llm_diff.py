@@ -6,25 +6,17 @@ repair edits the model's own failed attempt, and a replay applies the same diffs
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from kernelforge.catalog import Catalog
-from kernelforge.job import load_job
 from kernelforge.llm.diff import (AppliedEdit, EditBlock, EditError, EditFailure, apply_blocks, apply_edit,
                                   has_edit_blocks, parse_blocks, unified_diff)
 from kernelforge.llm.parse import template_id_for
-from kernelforge.llm.proposer import for_job
-from kernelforge.search.loop import Search
-from kernelforge.search.progress import Progress
 from kernelforge.store.store import Store
 from llm_server import Reply, ScriptedServer
+from llm_toy import BLOCK, FIXTURES, run_llm_search, write_llm_job
 
-ROOT = Path(__file__).resolve().parents[2]
-FIXTURES = ROOT / "tests" / "fixtures" / "kernels"
-BLOCK = "toy/axpy"
 BASELINE = (FIXTURES / "toy" / "axpy" / "baseline.py.j2").read_text()
 
 PARENT = "a = 1\nb = 2\nc = 3\nb = 2\nd = 4\n"
@@ -104,33 +96,6 @@ def test_an_empty_search_is_refused_unless_the_parent_is_empty():
 # -- in the search, against the loopback server ------------------------------------------------------
 
 
-JOB = """
-[job]
-name = "{name}"
-device = "interpret"
-dtype = "float16"
-seed = 5
-
-[strategy]
-name = "tpe"
-evaluations = {evaluations}
-
-[[blocks]]
-id = "toy/axpy"
-shapes = "smoke"
-
-[llm]
-base_url = "{url}"
-model = "scripted"
-max_calls = {max_calls}
-concurrency = 1
-timeout_s = 5.0
-max_retries = 0
-repair_turns = 1
-tune_share = 1.0
-tune_evaluations = {tune}
-"""
-
 #: One program over the whole smoke vector: the baseline's tile made larger, in three blocks.
 WIDEN = ("I widen the tile so that one program covers the vector.\n\n```\n"
          + block('description = "One program per BLOCK elements"\n', 'description = "one wide program"\n')
@@ -143,27 +108,11 @@ SUBTRACT = block(_STORE.format("alpha * x + y"), _STORE.format("alpha * x - y"))
 ADD_BACK = "Fixed:\n" + block(_STORE.format("alpha * x - y"), _STORE.format("y + alpha * x"))
 
 
-class Recorder(Progress):
-    def __init__(self):
-        self.events = []
-
-    def event(self, kind, **data):
-        self.events.append((kind, data))
-
-
 def run_search(tmp_path: Path, name: str, url: str, *, db: str, max_calls: int = 1, evaluations: int = 6,
                tune: int = 2, **llm_changes):
-    path = tmp_path / f"{name}.toml"
-    path.write_text(JOB.format(name=name, url=url, max_calls=max_calls, evaluations=evaluations, tune=tune))
-    catalog = Catalog.discover(FIXTURES)
-    job = load_job(path, catalog)
-    if llm_changes:
-        job = replace(job, llm=replace(job.llm, **llm_changes))
-    store = Store(f"sqlite:///{tmp_path / db}")
-    recorder = Recorder()
-    outcome = Search(job, catalog, store, recorder, compile_enabled=False, in_process=True,
-                     proposer=for_job(job, store, recorder)).run()
-    return store, recorder, outcome
+    path = write_llm_job(tmp_path, name, evaluations=evaluations, base_url=url, model="scripted",
+                         max_calls=max_calls, tune_evaluations=tune)
+    return run_llm_search(path, tmp_path / db, **llm_changes)
 
 
 def applied(parent: str, answer: str) -> str:

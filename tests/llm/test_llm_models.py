@@ -13,55 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from kernelforge.catalog import Catalog
-from kernelforge.job import load_job
-from kernelforge.llm.proposer import for_job
-from kernelforge.search.loop import Search
-from kernelforge.search.progress import Progress
-from kernelforge.store.store import Store
 from llm_server import BROKEN, FAST, Reply, ScriptedServer, fenced
+from llm_toy import FIXTURES, run_llm_search, write_llm_job
 
 pytestmark = pytest.mark.interpreter
 
-ROOT = Path(__file__).resolve().parents[2]
-FIXTURES = ROOT / "tests" / "fixtures" / "kernels"
 KEY_A = "sk-kfmodels-KEYA-1234567890ab"
 KEY_B = "sk-kfmodels-KEYB-abcdef012345"
 
-JOB = """
-[job]
-name = "{name}"
-device = "interpret"
-dtype = "float16"
-seed = 1
-
-[strategy]
-name = "tpe"
-evaluations = {evaluations}
-
-[[blocks]]
-id = "toy/axpy"
-shapes = "smoke"
-
-[llm]
-max_calls = {max_calls}
-concurrency = 1
-timeout_s = 5.0
-max_retries = 0
-repair_turns = 1
-tune_share = 1.0
-tune_evaluations = 1
-response_tokens = 3000
-{llm}
-"""
-
-
-class Recorder(Progress):
-    def __init__(self):
-        self.events = []
-
-    def event(self, kind, **data):
-        self.events.append((kind, data))
+def write_job(folder: Path, name: str, *, evaluations: int, max_calls: int, tables: str = "", **llm) -> Path:
+    return write_llm_job(folder, name, evaluations=evaluations, seed=1, tables=tables, max_calls=max_calls,
+                         tune_evaluations=1, response_tokens=3000, **llm)
 
 
 def test_two_models_share_the_requests_by_weight_and_repairs_return_to_their_author(tmp_path, monkeypatch):
@@ -88,14 +50,8 @@ base_url = "{b.base_url}"
 api_key_env = "KF_MODELS_KEY_B"
 temperature = 0.3
 """
-        path = tmp_path / "multi.toml"
-        path.write_text(JOB.format(name="multi", evaluations=6, max_calls=4, llm=llm))
-        catalog = Catalog.discover(FIXTURES)
-        job = load_job(path, catalog)
-        store = Store(f"sqlite:///{tmp_path / 'multi.db'}")
-        recorder = Recorder()
-        outcome = Search(job, catalog, store, recorder, compile_enabled=False, in_process=True,
-                         proposer=for_job(job, store, recorder)).run()
+        path = write_job(tmp_path, "multi", evaluations=6, max_calls=4, tables=llm)
+        store, _, outcome = run_llm_search(path, tmp_path / "multi.db")
     assert set(a.auth) == {f"Bearer {KEY_A}"} and set(b.auth) == {f"Bearer {KEY_B}"}, "each endpoint its own key"
     assert all(r["model"] == "model-a" and "temperature" not in r for r in a.requests)
     assert all(r["model"] == "model-b" and r["temperature"] == 0.3 for r in b.requests)
@@ -125,9 +81,7 @@ def test_a_replay_into_another_database_writes_its_report_next_to_it(tmp_path):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cli = [sys.executable, "-m", "kernelforge", "--kernels", str(FIXTURES)]
     with ScriptedServer([Reply(fenced(FAST), label="fast"), Reply("No more ideas.")]) as server:
-        llm = f'base_url = "{server.base_url}"\nmodel = "m"'
-        path = tmp_path / "rep.toml"
-        path.write_text(JOB.format(name="rep", evaluations=3, max_calls=2, llm=llm))
+        path = write_job(tmp_path, "rep", evaluations=3, max_calls=2, base_url=server.base_url, model="m")
         live = subprocess.run([*cli, "search", str(path), "--progress", "quiet", "--no-compile"], cwd=tmp_path,
                               capture_output=True, text=True, env=env, timeout=600)
     assert live.returncode == 0, live.stderr
