@@ -13,19 +13,14 @@ import sqlite3
 import subprocess
 import sys
 from collections import Counter
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from kernelforge.catalog import Catalog
-from kernelforge.job import load_job
 from kernelforge.llm.parse import template_id_for
-from kernelforge.llm.proposer import for_job
-from kernelforge.search.progress import Progress
-from kernelforge.search.loop import Search
 from kernelforge.store.store import Store
 from llm_server import FAST, SLOW, Reply, ScriptedServer, demo_script, fenced
+from llm_toy import run_llm_search
 
 pytestmark = pytest.mark.interpreter
 
@@ -65,14 +60,6 @@ repair_turns = 1
 tune_share = {tune_share}
 tune_evaluations = {tune}
 """
-
-
-class Recorder(Progress):
-    def __init__(self):
-        self.events = []
-
-    def event(self, kind, **data):
-        self.events.append((kind, data))
 
 
 def write_job(folder: Path, name: str, *, endpoint: str = "", max_calls: int = 9, evaluations: int = 18,
@@ -197,15 +184,7 @@ def test_llm_search_finds_verifies_tunes_and_reports_then_replays_offline(tmp_pa
 
 
 def run_search(tmp_path: Path, path: Path, db: str = "search.db", **llm_changes):
-    catalog = Catalog.discover(FIXTURES)
-    job = load_job(path, catalog)
-    if llm_changes:
-        job = replace(job, llm=replace(job.llm, **llm_changes))
-    store = Store(f"sqlite:///{tmp_path / db}")
-    recorder = Recorder()
-    outcome = Search(job, catalog, store, recorder, compile_enabled=False, in_process=True,
-                     proposer=for_job(job, store, recorder)).run()
-    return store, recorder, outcome
+    return run_llm_search(path, tmp_path / db, **llm_changes)
 
 
 def test_a_resumed_search_rebuilds_the_llm_templates_and_asks_nothing_again(tmp_path):
