@@ -33,7 +33,8 @@ class Response:
     the candidate the model was asked to improve on (the failed candidate for a repair);
     ``messages`` and ``answer`` are the conversation, for a repair turn. ``parent_text`` is the
     template text the answer could edit (None: none was offered); ``edit`` the unified diff of it
-    to the new template when the answer was a diff edit that applied.
+    to the new template when the answer was a diff edit that applied. ``model``: the index of the
+    job's model that wrote it (its repairs go to the same model; None: not known, e.g. a replay).
     """
 
     seq: int
@@ -52,6 +53,7 @@ class Response:
     settled: bool = False
     parent_text: str | None = None
     edit: str = ""
+    model: int | None = None
 
     @property
     def proposal(self) -> Proposal:
@@ -155,7 +157,7 @@ class BaseGenerator:
 
     def _take_in(self, block_id: str, purpose: str, parent: str | None, depth: int, exchange: Exchange,
                  *, replayed_from: str | None = None, messages: list[dict[str, str]] | None = None,
-                 parent_text: str | None = None) -> Response:
+                 parent_text: str | None = None, model: int | None = None) -> Response:
         """Record a finished request and turn its answer into a response; a diff edit in the
         answer applies to ``parent_text`` (the template text the request offered for editing)."""
         self._seq += 1
@@ -187,7 +189,8 @@ class BaseGenerator:
         proposal = Response(self._seq, block_id, kind, purpose, parent, depth, message,
                             template=parsed.template if parsed else None, target=parsed.target if parsed else None,
                             points=parsed.points if parsed else [], row_id=row_id, messages=list(messages or []),
-                            answer=exchange.text, parent_text=parent_text, edit=parsed.edit if parsed else "")
+                            answer=exchange.text, parent_text=parent_text, edit=parsed.edit if parsed else "",
+                            model=model)
         self.progress.event("llm", block=block_id, seq=self._seq, purpose=purpose, outcome=kind,
                             attempts=[a.status for a in exchange.attempts], tokens=exchange.tokens,
                             latency_s=round(sum(a.latency_s for a in exchange.attempts), 3),

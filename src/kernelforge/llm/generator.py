@@ -64,7 +64,6 @@ class LLMGenerator(BaseGenerator):
         # One client per model (kernelforge.llm.endpoints); a given client serves every request.
         self._clients: list[ChatClient] = [client] if client is not None else []
         self._choice = WeightedChoice([m.weight for m in spec.endpoints()], seed)
-        self._served_by: dict[int, int] = {}  # response seq -> the model that wrote it (its repairs go there)
         self._seed = seed
         self._workers: RequestThreads | None = None
         self._inflight: dict[Future, _Request] = {}
@@ -211,7 +210,7 @@ class LLMGenerator(BaseGenerator):
         parent = candidate_id or proposal.parent
         self._repairs.setdefault(proposal.block_id, deque()).append(
             _Request(proposal.block_id, "repair", parent, proposal.depth + 1, messages, self._order,
-                     self.edit_text(parent), model=self._served_by.get(proposal.seq)))
+                     self.edit_text(parent), model=proposal.model))
 
     def poll(self) -> list[Response]:
         done = sorted((f for f in self._inflight if f.done()), key=lambda f: self._inflight[f].order)
@@ -225,10 +224,9 @@ class LLMGenerator(BaseGenerator):
                 exchange = Exchange(request.messages, {"model": client.model},
                                     [Attempt(0, "error", 0.0, error=f"{type(exc).__name__}: {exc}"[:500])],
                                     base_url=client.base_url)
-            # The seq _take_in gives this response: its repairs (queued from there) go to the same model.
-            self._served_by[self._seq + 1] = request.model or 0
             proposal = self._take_in(request.block_id, request.purpose, request.parent, request.depth, exchange,
-                                     messages=request.messages, parent_text=request.parent_text)
+                                     messages=request.messages, parent_text=request.parent_text,
+                                     model=request.model or 0)
             if exchange.fatal:
                 self.stop(exchange.fatal)
             elif exchange.ok:
