@@ -51,8 +51,10 @@ ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 LLM_KEYS = {"base_url", "model", "api_key_env", "max_calls", "max_tokens", "max_minutes", "concurrency",
             "timeout_s", "max_retries", "repair_turns", "temperature", "response_tokens", "tune_share",
-            "tune_evaluations", "guide_points", "token_limit_field", "extra_body", "headers", "models"}
-MODEL_KEYS = {"model", "base_url", "api_key_env", "weight", "temperature", "extra_body"}
+            "tune_evaluations", "guide_points", "token_limit_field", "extra_body", "headers", "models",
+            "price_in_per_mtok", "price_out_per_mtok"}
+MODEL_KEYS = {"model", "base_url", "api_key_env", "weight", "temperature", "extra_body", "price_in_per_mtok",
+              "price_out_per_mtok"}
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,9 @@ class ModelSpec:
     """One model the generator may ask: its endpoint, the variable holding its key (empty: none),
     its share of the new requests (``weight``, relative to the other models'), its sampling
     temperature (None: not sent) and the fields merged into its request bodies (``extra_body``,
-    ``(name, value)`` pairs; values are TOML values, tables as dicts)."""
+    ``(name, value)`` pairs; values are TOML values, tables as dicts). ``price_in_per_mtok`` and
+    ``price_out_per_mtok``: USD per million prompt / completion tokens, from the job file (None:
+    not priced; the report's cost estimate needs both)."""
 
     model: str
     base_url: str = ""
@@ -68,6 +72,8 @@ class ModelSpec:
     weight: float = 1.0
     temperature: float | None = None
     extra_body: tuple[tuple[str, Any], ...] = ()
+    price_in_per_mtok: float | None = None
+    price_out_per_mtok: float | None = None
 
     @property
     def body(self) -> dict[str, Any]:
@@ -125,12 +131,15 @@ class LLMSpec:
     headers: tuple[tuple[str, str], ...] = ()
     models: tuple[ModelSpec, ...] = ()
     replay: str | None = None
+    price_in_per_mtok: float | None = None
+    price_out_per_mtok: float | None = None
 
     def endpoints(self) -> tuple[ModelSpec, ...]:
         """The models the generator asks: the ``[[llm.models]]`` entries, else the top-level one."""
         if self.models:
             return self.models
-        return (ModelSpec(self.model, self.base_url, self.api_key_env, 1.0, self.temperature, self.extra_body),)
+        return (ModelSpec(self.model, self.base_url, self.api_key_env, 1.0, self.temperature, self.extra_body,
+                          self.price_in_per_mtok, self.price_out_per_mtok),)
 
 
 def unknown_fields(where: str, table: dict[str, Any], allowed: set[str]) -> None:
@@ -178,6 +187,23 @@ def _temperature(where: str, value: Any) -> float | None:
     if not 0.0 <= value <= 2.0:
         raise UserError(f"{where}: must be between 0.0 and 2.0, got {value}")
     return float(value)
+
+
+def _prices(where: str, table: dict[str, Any], top: dict[str, Any]) -> tuple[float | None, float | None]:
+    """The (prompt, completion) prices of ``table`` in USD per million tokens, ``top``'s as defaults."""
+    prices = []
+    for name in ("price_in_per_mtok", "price_out_per_mtok"):
+        value = table.get(name, top.get(name))
+        if value is not None:
+            typed(f"{where} {name}", value, (int, float), "a number of USD per million tokens, e.g. 2.5")
+            if value < 0:
+                raise UserError(f"{where} {name}: must be 0 or more (USD per million tokens), got {value}")
+            value = float(value)
+        prices.append(value)
+    if (prices[0] is None) != (prices[1] is None):
+        raise UserError(f"{where}: give both price_in_per_mtok and price_out_per_mtok (USD per million prompt / "
+                        "completion tokens; 0 for a free side) or neither")
+    return prices[0], prices[1]
 
 
 def _extra_body(where: str, value: Any) -> tuple[tuple[str, Any], ...]:
@@ -229,7 +255,7 @@ def _models(where: str, entries: Any, top: dict[str, Any], require_endpoint: boo
             else top["temperature"]
         key_env = _key_env(f"{at} api_key_env", entry["api_key_env"]) if "api_key_env" in entry \
             else top["api_key_env"]
-        models.append(ModelSpec(model, base_url, key_env, float(weight), temperature, extra))
+        models.append(ModelSpec(model, base_url, key_env, float(weight), temperature, extra, *_prices(at, entry, top)))
     if not models:
         raise UserError(f"{where}: an empty list; list at least one model or remove it")
     return tuple(models)
@@ -283,7 +309,9 @@ def parse_llm(table: dict[str, Any], where: str, *, require_endpoint: bool = Tru
     temperature = _temperature(f"{where} temperature", table.get("temperature"))
     extra_body = _extra_body(f"{where} extra_body", table["extra_body"]) if "extra_body" in table else ()
     headers = _headers(f"{where} headers", table["headers"]) if "headers" in table else ()
-    top = {"base_url": base_url, "api_key_env": key_env, "temperature": temperature, "extra_body": extra_body}
+    price_in, price_out = _prices(where, table, {})
+    top = {"base_url": base_url, "api_key_env": key_env, "temperature": temperature, "extra_body": extra_body,
+           "price_in_per_mtok": price_in, "price_out_per_mtok": price_out}
     models_at = where.replace("[llm]", "[[llm.models]]") if "[llm]" in where else f"{where} models"
     models = _models(models_at, table["models"], top, require_endpoint) if several else ()
     return LLMSpec(
@@ -294,5 +322,5 @@ def parse_llm(table: dict[str, Any], where: str, *, require_endpoint: bool = Tru
         temperature=temperature, response_tokens=response_tokens,
         tune_share=number("tune_share", 0.0, 1.0), tune_evaluations=integer("tune_evaluations", 0),
         guide_points=guide_points, token_limit_field=limit_field, extra_body=extra_body, headers=headers,
-        models=models,
+        models=models, price_in_per_mtok=price_in, price_out_per_mtok=price_out,
     )

@@ -40,4 +40,8 @@ BATCHES: tuple[int, ...] = (1, 8, 32, 64)
 #: Prompt lengths of the profiles, in increasing order: a prefill runs a block once over the prompt.
 PROMPT_TOKENS: tuple[int, ...] = tuple(sorted({p.input_tokens for p in PROFILES.values()}))
 
-__all__ = ["BATCHES", "PROFILES", "PROMPT_TOKENS", "Profile"]
+#: The token counts vLLM's MoE tuner times (benchmarks/kernels/benchmark_moe.py, its default batch
+#: sizes; the keys of its shipped fused_moe config files): the ``<model>-vllm`` MoE shape sets.
+VLLM_BATCH_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
+
+__all__ = ["BATCHES", "PROFILES", "PROMPT_TOKENS", "VLLM_BATCH_SIZES", "Profile"]

@@ -37,7 +37,7 @@ from typing import Any, Mapping
 import torch
 
 from kernelforge.block import Block, Counts, HarnessError, Shape, generator, random_tensor
-from kernelforge.profiles import PROMPT_TOKENS
+from kernelforge.profiles import PROMPT_TOKENS, VLLM_BATCH_SIZES
 from kernelforge.quant.base import ActivationFormat, WeightFormat, named_parts, parts_of
 from kernelforge.quant.fp8 import Fp8BlockWeights, Fp8GroupActivations
 from kernelforge.routing import GroupRouting, grouped_topk, selection_margins
@@ -128,6 +128,10 @@ class GroupRoutedExperts(Block):
         tp = self.tensor_parallel
         sets[f"{m}-tp{tp}"] = [self.shape(f"{m}-tp{tp}/T{t}", t, I=self.intermediate // tp,
                                           IS=self.shared_intermediate // tp) for t in PRESET_TOKENS]
+        # vLLM's tuner grid (the token counts of its fused_moe config files), whole layer and per GPU.
+        sets[f"{m}-vllm"] = [self.shape(f"{m}/T{t}", t) for t in VLLM_BATCH_SIZES]
+        sets[f"{m}-tp{tp}-vllm"] = [self.shape(f"{m}-tp{tp}/T{t}", t, I=self.intermediate // tp,
+                                               IS=self.shared_intermediate // tp) for t in VLLM_BATCH_SIZES]
         return sets
 
     def compile_shape(self) -> Shape:

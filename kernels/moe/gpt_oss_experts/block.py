@@ -23,7 +23,7 @@ from typing import Any, Mapping
 import torch
 
 from kernelforge.block import Block, Counts, Shape, generator, random_tensor
-from kernelforge.profiles import PROMPT_TOKENS
+from kernelforge.profiles import PROMPT_TOKENS, VLLM_BATCH_SIZES
 
 #: Routing patterns (the ``ROUTING`` shape dimension); see :func:`make_routing`.
 ROUTINGS: tuple[str, ...] = ("uniform", "skewed", "one", "sparse")
@@ -148,6 +148,8 @@ class GptOssExperts(Block):
         for model, (E, H, I, topk) in PRESETS.items():
             sets[model] = [_shape(f"{model}/T{T}", T=T, E=E, H=H, I=I, topk=topk) for T in PRESET_TOKENS]
             sets[f"{model}-prefill"] = [_shape(f"{model}/T{T}", T=T, E=E, H=H, I=I, topk=topk) for T in PREFILL_TOKENS]
+            # vLLM's tuner grid: the token counts of its fused_moe config files.
+            sets[f"{model}-vllm"] = [_shape(f"{model}/T{T}", T=T, E=E, H=H, I=I, topk=topk) for T in VLLM_BATCH_SIZES]
         return sets
 
     def compile_shape(self) -> Shape:

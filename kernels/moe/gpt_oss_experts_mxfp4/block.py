@@ -62,6 +62,8 @@ class GptOssExpertsMxfp4(_BF16.GptOssExperts):
         "SwiGLU, GEMM2+bias, top-k weighted sum"
     )
     dtypes = ("bfloat16",)
+    #: The routed experts' weight format (read by the fused_moe config export).
+    routed_format = MXFP4
 
     def shape_sets(self) -> Mapping[str, list[Shape]]:
         """The bf16 block's sets (its smoke shapes and the model presets already have H and I in

@@ -21,6 +21,7 @@ from rich.markup import escape
 from kernelforge.cli.check import check, compile_
 from kernelforge.cli.common import err_console
 from kernelforge.cli.inspect import blocks, new, render, templates
+from kernelforge.cli.dashboard import dashboard
 from kernelforge.cli.report import export, report
 from kernelforge.cli.search import search, strategy_bench
 from kernelforge.cli.signals import install_stop_signals, stop_status
@@ -88,5 +89,6 @@ def main(ctx: click.Context, kernels: str | None) -> None:
     ctx.obj["kernels"] = kernels
 
 
-for command in (blocks, templates, render, new, show, check, compile_, search, strategy_bench, report, export):
+for command in (blocks, templates, render, new, show, check, compile_, search, strategy_bench, report, export,
+                dashboard):
     main.add_command(command)

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from kernelforge.cli.common import console, err_console, load_job
+from kernelforge.cli.dashboard import refresh_mirror
 
 
 @click.command()
@@ -36,6 +37,7 @@ def report(ctx: click.Context, job_file: str, storage: str | None, compare_file:
         click.echo(text)  # raw Markdown: no wrapping or markup interpretation
         err_console.print(f"wrote {html}")
         return
+    refresh_mirror(job, catalog, store, optional=True)  # the job's Optuna studies (kernelforge dashboard)
     path = write_report(job, catalog, store)
     click.echo(path.read_text(encoding="utf-8"))  # raw Markdown: no wrapping or markup interpretation
     err_console.print(f"wrote {path}, {path.with_name('results.json')} and {path.with_name('index.html')}")
@@ -44,13 +46,18 @@ def report(ctx: click.Context, job_file: str, storage: str | None, compare_file:
 @click.command()
 @click.argument("job_file", metavar="JOB")
 @click.option("--format", "fmt", type=click.Choice(["vllm", "triton", "source"]), required=True,
-              help="vllm: fused_moe config JSON per (E, N); triton: module with the winning kernels and a "
-                   "triton.Config list; source: the winning rendered sources.")
+              help="vllm: fused_moe config JSON per (E, N); triton: per block, the winners' modules and a "
+                   "dispatcher by token count; source: the winning rendered sources.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Output folder (default: reports/<job>/export/).")
 @click.option("--storage", default=None, help="SQLAlchemy URL of the results database (default: the job's).")
+@click.option("--layout", type=click.Choice(["vllm", "sglang"]), default="vllm", show_default=True,
+              help="--format vllm: whose loader the config files are named and placed for.")
+@click.option("--split-down", is_flag=True, default=False,
+              help="--format vllm --layout sglang: also write each winner's GEMM2 configuration as <name>_down.json.")
 @click.pass_context
-def export(ctx: click.Context, job_file: str, fmt: str, out_dir: str | None, storage: str | None) -> None:
+def export(ctx: click.Context, job_file: str, fmt: str, out_dir: str | None, storage: str | None, layout: str,
+           split_down: bool) -> None:
     """Export the winners of JOB for vLLM, as a Triton module, or as sources.
 
     JOB is a job file, or the name of a job under search/ (``demo`` is search/demo.toml).
@@ -60,7 +67,7 @@ def export(ctx: click.Context, job_file: str, fmt: str, out_dir: str | None, sto
 
     job, catalog = load_job(ctx, job_file, storage)
     store = Store(job.storage_url, create=False)
-    written, notes = run_export(job, catalog, store, fmt, Path(out_dir) if out_dir else None)
+    written, notes = run_export(job, catalog, store, fmt, Path(out_dir) if out_dir else None, layout, split_down)
     for path in written:
         console.print(f"wrote {path}", markup=False)
     for note in notes:

@@ -25,6 +25,8 @@ from kernelforge.job import BlockSpec, Job, Tune
 from kernelforge.objective import (baseline_results, by_candidate, geomean, geomean_speedup, rank, speedup,
                                    speedup_spread)
 from kernelforge.redact import redact_url
+from kernelforge.report.dashboard import dashboard_command
+from kernelforge.report.llm_section import collect_llm
 from kernelforge.report.projected import collect_projection
 from kernelforge.report.records import (Banner, BaselineSource, BlockReport, CandidateRow, CompileRow, Progress,
                                         ProgressPoint, Report, RooflineMeta, ShapeBaseline, ShapeRoofline, ShapeRow,
@@ -72,7 +74,8 @@ def collect(job: Job, catalog: Catalog, store: Store) -> Report:
     return Report(
         job=job.name, job_file=str(job.path), dtype=job.dtype, tune=job.tune, strategy=job.strategy.name,
         storage=redact_url(job.storage_url), blocks=tuple(blocks), environments=environments, banners=tuple(banners.values()),
-        projection=collect_projection(blocks, catalog),
+        projection=collect_projection(blocks, catalog), llm=collect_llm(job, store, blocks),
+        dashboard=dashboard_command(job),
     )
 
 

@@ -55,15 +55,6 @@ def speedup_text(row: ShapeRow) -> str:
     return text
 
 
-def confirmed_text(row: ShapeRow) -> str:
-    """What the interleaved re-timing said: faster beyond noise, slower beyond noise, or neither."""
-    if row.significant:
-        return "yes, significant"
-    if row.speedup_p80 is not None and row.speedup_p80 < 1.0:
-        return "yes, slower on this shape"
-    return "yes, within noise"
-
-
 def roofline_cells(point: RooflinePoint | None, has_ceiling: bool) -> tuple[str, str, str]:
     """(FLOP rate, bandwidth, percent of roofline) cells of one timed result."""
     if not point:

@@ -15,11 +15,13 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 from markupsafe import Markup
 
 from kernelforge.job import Tune
-from kernelforge.report import svg
+from kernelforge.report import space_view, svg
 from kernelforge.report.compare import CompareBlock, Comparison
-from kernelforge.report.format import (baseline_ref, baselines_text, confirmed_text, env_title, fmt_delta,
+from kernelforge.report.format import (baseline_ref, baselines_text, env_title, fmt_delta,
                                        fmt_joules, fmt_rate, fmt_speedup, fmt_time, params_text, roofline_cells)
-from kernelforge.report.records import BlockReport, Report, Winner
+from kernelforge.report.moe_table import moe_tables
+from kernelforge.report.records import Banner, BlockReport, Confirmation, Report, Winner
+from kernelforge.report.space_view import SpaceView
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,28 @@ class BlockPage:
     winners: tuple[tuple[Winner, list[tuple[str, str]]], ...]
     origin_names: tuple[str, ...]
     status_names: tuple[str, ...]
+    space: SpaceView | None = None
+    tag: str = ""  # "(interpreter timings)": the block's timings are of a banner's kind
+
+
+#: CSS class of each confirmation state (the text is the enum's value).
+CONFIRMATION_CLASS = {Confirmation.FASTER: "conf-faster", Confirmation.NOISE: "conf-noise",
+                      Confirmation.PENDING: "conf-pending"}
+#: The short tag a block gets when its timings are of a banner's kind (the full banner is at the top).
+BANNER_TAG = {"interpret": "(interpreter timings)", "replay": "(replayed timings)"}
+
+
+def banner_tag(banner: Banner) -> str:
+    """The short tag of a banner's kind ("(interpreter timings)")."""
+    return BANNER_TAG.get(banner.kind, f"({banner.kind} timings)")
+
+
+def top_banners(report: Report) -> tuple[Banner, ...]:
+    """One banner per distinct kind and device, in the order the blocks name them."""
+    seen: dict[tuple[str, str], Banner] = {}
+    for b in (*report.banners, *(blk.banner for blk in report.blocks if blk.banner)):
+        seen.setdefault((b.kind, b.device_name), b)
+    return tuple(seen.values())
 
 
 @dataclass(frozen=True)
@@ -51,7 +75,8 @@ def _env() -> Environment:
     env.filters.update(time=fmt_time, delta=fmt_delta, rate=fmt_rate, speedup=fmt_speedup, params=params_text,
                        joules=fmt_joules)
     env.globals.update(roofline_cells=roofline_cells, origin_colour=svg.origin_colour, env_title=env_title,
-                       confirmed_text=confirmed_text, baselines_text=baselines_text, baseline_ref=baseline_ref)
+                       baselines_text=baselines_text, baseline_ref=baseline_ref)
+    env.globals.update(moe_tables=moe_tables)  # issue 16: _moe_table.html.j2
     return env
 
 
@@ -83,18 +108,23 @@ def _charts(block: BlockReport) -> dict[str, Markup]:
     rows = []
     for r in block.shapes:
         # Green: confirmed faster (p20 of the pairs above 1); red: slower on this shape (p80 below 1,
-        # possible when one configuration serves all shapes); blue: within noise; grey: the baseline.
+        # possible when one configuration serves all shapes); blue: within noise (confirmed); light blue:
+        # not yet confirmed; grey: the baseline.
         if r.winner_is_baseline:
             colour = "#9ca3af"
         elif r.significant:
             colour = "#16a34a"
         elif r.speedup_p80 is not None and r.speedup_p80 < 1.0:
             colour = "#dc2626"
+        elif r.confirmation is Confirmation.PENDING:
+            colour = "#93c5fd"
         else:
             colour = "#2563eb"
         rows.append((r.shape, r.speedup, r.speedup_p20, r.speedup_p80, colour))
-    charts = {"speedup": Markup(svg.speedup_bars(rows, f"{block.block}: speedup over the human baseline "
-                                                       "(median; bars p20-p80)"))}
+    view = space_view.space_view(block)
+    charts = {"importance": Markup(space_view.importance_svg(view)), "space": Markup(space_view.parallel_svg(view))}
+    charts["speedup"] = Markup(svg.speedup_bars(rows, f"{block.block}: speedup over the human baseline "
+                                                       "(median; bars p20-p80)"))
     progress = block.progress
     if progress and progress.points:
         title = (f"{block.block}: best speedup against evaluations"
@@ -141,9 +171,12 @@ def render_html(report: Report) -> str:
         winners=tuple((w, _diff_lines(w.diff)) for w in block.winners),
         origin_names=tuple(sorted(block.origin_status)),
         status_names=tuple(sorted({s for v in block.origin_status.values() for s in v})),
+        space=space_view.space_view(block),
+        tag=banner_tag(block.banner) if block.banner else "",
     ) for block in report.blocks]
     template = _env().get_template("report.html.j2")
-    return template.render(data=report, pages=pages, origins=svg.ORIGIN_COLOURS)
+    return template.render(data=report, pages=pages, origins=svg.ORIGIN_COLOURS, banners=top_banners(report),
+                           confirmation_class=CONFIRMATION_CLASS, banner_tag=banner_tag)
 
 
 def render_compare(cmp: Comparison) -> str:

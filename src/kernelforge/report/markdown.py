@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 from typing import Sequence
 
-from kernelforge.report.format import (baseline_ref, baselines_text, confirmed_text, fmt_delta, fmt_joules,
+from kernelforge.report.format import (baseline_ref, baselines_text, fmt_delta, fmt_joules,
                                        fmt_speedup, fmt_time, params_text, roofline_cells, speedup_text)
+from kernelforge.report.llm_markdown import llm_markdown
+from kernelforge.report.moe_table import moe_markdown
 from kernelforge.report.projected import NOTHING_PROJECTED
-from kernelforge.report.records import BlockReport, PhaseRow, ProjectionReport, Report
+from kernelforge.report.records import BlockReport, Confirmation, PhaseRow, ProjectionReport, Report, ShapeRow
 
 #: Device kinds whose timings are not live GPU measurements: they get a banner everywhere.
 LABELLED_DEVICES = ("interpret", "replay")
@@ -32,6 +34,8 @@ def to_markdown(report: Report) -> str:
                  "Every number below is read from the job's results database; speedup = baseline time / winner "
                  "time, with its p20-p80 spread (from interleaved re-timing pairs where marked confirmed).")
     lines.append("")
+    if report.dashboard:  # every evaluation as a trial of the job's Optuna studies
+        lines.extend([f"Optuna dashboard of every evaluation: `{report.dashboard}` (`kernelforge dashboard {report.job}` refreshes and opens it).", ""])
     for env in report.environments.values():
         if env.get("device") in LABELLED_DEVICES or "interpreter" in str(env.get("timing", "")):
             lines.append(f"> **{env.get('timing', env.get('device'))}** ({env.get('device_name')}): "
@@ -39,6 +43,7 @@ def to_markdown(report: Report) -> str:
             lines.append("")
     for block in report.blocks:
         lines.extend(_block_markdown(block))
+    lines.extend(llm_markdown(report.llm))
     lines.extend(_projection_markdown(report.projection))
     lines.append("## Environment")
     lines.append("")
@@ -67,13 +72,14 @@ def _block_markdown(block: BlockReport) -> list[str]:
     lines.append("|---|---|---|---|---|---|---|")
     for row in block.shapes:
         winner = "baseline" if row.winner_is_baseline else f"`{row.winner}` ({row.template})"
-        confirmed = f"{confirmed_text(row)} ({row.pairs} pairs)" if row.confirmed else "no"
+        confirmed = _confirmation_cell(row)
         base = " ".join(filter(None, (fmt_time(row.baseline_s), baseline_ref(block, row))))
         lines.append(
             f"| {row.shape} | {base} | {fmt_time(row.best_s)} | {speedup_text(row)} | "
             f"{confirmed} | {winner} | {params_text(row.params)} |"
         )
     lines.extend(_library_markdown(block))  # issue 11: the library reference line
+    lines.extend(moe_markdown(block))  # issue 16: default versus tuned per token count
     labels = sorted({r.timing_label for r in block.shapes if r.timing_label})
     if labels:
         lines.append("")
@@ -123,6 +129,16 @@ def _block_markdown(block: BlockReport) -> list[str]:
                              f"{k.get('num_warps', '-')} | {k.get('num_stages', '-')} |")
         lines.append("")
     return lines
+
+
+def _confirmation_cell(row: ShapeRow) -> str:
+    """The confirmation state in words, bold when confirmed faster ("**confirmed faster** (20 pairs)")."""
+    state = row.confirmation
+    text = f"**{state.value}**" if state is Confirmation.FASTER else f"_{state.value}_" \
+        if state is Confirmation.PENDING else state.value
+    if row.confirmed and not row.significant and row.speedup_p80 is not None and row.speedup_p80 < 1.0:
+        text += ", slower on this shape"
+    return text + (f" ({row.pairs} pairs)" if row.confirmed else "")
 
 
 def _library_markdown(block: BlockReport) -> list[str]:
@@ -221,8 +237,9 @@ def _projection_markdown(projection: ProjectionReport | None) -> list[str]:
                      + " (versions under Environment).")
         lines.append("")
     if not projection.measured_any:
-        lines.append(NOTHING_PROJECTED)
-        lines.append("")
+        missing = sum(len(p.missing) for p in projection.profiles)
+        lines.extend([f"<details><summary>Nothing projected: {missing} shapes missing</summary>", "",
+                      NOTHING_PROJECTED, ""])
     for p in projection.profiles:
         lines.append(f"### {p.profile} ({p.input_tokens} in / {p.output_tokens} out)")
         lines.append("")
@@ -239,9 +256,14 @@ def _projection_markdown(projection: ProjectionReport | None) -> list[str]:
             lines.extend(f"- {f.message}" for f in p.infeasible)
             lines.append("")
         if p.missing_groups:
-            lines.append("Missing shapes (no projection is made from them):")
+            lines.append(f"<details><summary>Missing shapes: {len(p.missing)} (no projection is made from them)"
+                         "</summary>")
             lines.append("")
             for g in p.missing_groups:
                 lines.append(f"- {g.block}, {g.why}: " + ", ".join(f"`{s}`" for s in g.shapes))
             lines.append("")
+            lines.append("</details>")
+            lines.append("")
+    if not projection.measured_any:
+        lines.extend(["</details>", ""])
     return lines

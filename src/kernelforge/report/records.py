@@ -11,12 +11,14 @@ baselines, each named with its source (:class:`ShapeBaseline`, :class:`BaselineS
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from typing import Any
 
 from kernelforge.devices.hardware import Ceilings, RooflinePoint
 from kernelforge.job import Tune
 from kernelforge.report.projection import Feasibility
 from kernelforge.library import LibraryLine
+from kernelforge.report.llm_section import LLMSection
 from kernelforge.store.records import StoredCompile
 
 
@@ -59,6 +61,14 @@ class ShapeRoofline:
     winner: RooflinePoint | None
 
 
+class Confirmation(str, Enum):
+    """What the interleaved re-timing said of a shape's winner (the value is the text shown)."""
+
+    FASTER = "confirmed faster"  # confirmed, and the pairs' p20 is above 1
+    NOISE = "within noise"  # confirmed, not significant
+    PENDING = "not yet confirmed"  # no confirmation pairs stored
+
+
 @dataclass(frozen=True, kw_only=True)
 class ShapeRow:
     """One shape of a block: the shape's baseline (``baseline``: its candidate id, rendered at the
@@ -98,6 +108,13 @@ class ShapeRow:
     baseline: str = ""
     baseline_source: str = ""
     baseline_params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def confirmation(self) -> Confirmation:
+        """The shape's confirmation state (one of three; see :class:`Confirmation`)."""
+        if not self.confirmed:
+            return Confirmation.PENDING
+        return Confirmation.FASTER if self.significant else Confirmation.NOISE
 
 
 @dataclass(frozen=True)
@@ -311,6 +328,8 @@ class Report:
     environments: dict[str, dict[str, Any]]
     banners: tuple[Banner, ...] = ()
     projection: ProjectionReport | None = None
+    llm: LLMSection | None = None  # the LLM generator's calls, prompts and lineage (None: no calls)
+    dashboard: str | None = None  # the shell command that opens the job's Optuna studies
 
     def block(self, block_id: str) -> BlockReport | None:
         """The block ``block_id`` of this report, or None."""

@@ -60,6 +60,20 @@ def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
     return ticks
 
 
+CHAR_PX = 7.0  # a generous width of one character at 12px: labels are cut to stay inside the chart
+
+
+def fit(text: str, px: float, char_px: float = CHAR_PX) -> str:
+    """``text`` cut with an ellipsis to about ``px`` pixels (the full text stays in the chart's title)."""
+    most = max(1, int(px / char_px))
+    return text if len(text) <= most else text[:max(1, most - 1)] + "\u2026"
+
+
+def _heading(x: float, y: float, title: str, width: int) -> str:
+    """The chart's bold title line, cut to the chart's width."""
+    return f'<text x="{x}" y="{y}" font-weight="600">{escape(fit(title, width - x - 8, 7.6))}</text>'
+
+
 def _open(width: int, height: int, label: str) -> list[str]:
     return [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
             f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(label)}" style="{FONT};font-size:12px">',
@@ -86,14 +100,14 @@ def speedup_bars(rows: Sequence[tuple[str, float | None, float | None, float | N
         return label_w + plot_w * v / hi
 
     out = _open(width, height, title)
-    out.append(f'<text x="8" y="16" font-weight="600">{escape(title)}</text>')
+    out.append(_heading(8, 16, title, width))
     axis_y = top + len(rows) * (bar_h + gap)
     for t in ticks:
         out.append(f'<line x1="{x(t):.1f}" y1="{top - 4}" x2="{x(t):.1f}" y2="{axis_y}" stroke="#e5e7eb"/>')
         out.append(f'<text x="{x(t):.1f}" y="{axis_y + 16}" text-anchor="middle" fill="#374151">{t:g}x</text>')
     for i, (label, value, low, high, colour) in enumerate(rows):
         y = top + i * (bar_h + gap)
-        out.append(f'<text x="{label_w - 8}" y="{y + bar_h * 0.7:.1f}" text-anchor="end">{escape(label)}</text>')
+        out.append(f'<text x="{label_w - 8}" y="{y + bar_h * 0.7:.1f}" text-anchor="end">{escape(fit(label, label_w - 12))}</text>')
         if value is None:
             out.append(f'<text x="{label_w + 4}" y="{y + bar_h * 0.7:.1f}" fill="#9ca3af">no result</text>')
             continue
@@ -141,7 +155,7 @@ def progress_chart(points: Sequence[ProgressPoint], best: Sequence[tuple[int, fl
         return top + plot_h * (1 - (v - lo) / (hi - lo))
 
     out = _open(width, height, title)
-    out.append(f'<text x="8" y="18" font-weight="600">{escape(title)}</text>')
+    out.append(_heading(8, 18, title, width))
     for t in ticks:
         out.append(f'<line x1="{left}" y1="{y(t):.1f}" x2="{left + plot_w}" y2="{y(t):.1f}" stroke="#e5e7eb"/>')
         out.append(f'<text x="{left - 6}" y="{y(t) + 4:.1f}" text-anchor="end" fill="#374151">{t:g}x</text>')
@@ -210,7 +224,7 @@ def roofline_chart(points: Sequence[dict], ceilings: Iterable[tuple[str, float, 
         return top + plot_h * (1 - (math.log10(v) - ly0) / (ly1 - ly0))
 
     out = _open(width, height, title)
-    out.append(f'<text x="{left}" y="18" font-weight="600">{escape(title)}</text>')
+    out.append(_heading(8, 18, title, width))
     for t in _log_ticks(x_lo, x_hi):
         if x_lo <= t <= x_hi:
             out.append(f'<line x1="{x(t):.1f}" y1="{top}" x2="{x(t):.1f}" y2="{top + plot_h}" stroke="#e5e7eb"/>')
@@ -222,7 +236,7 @@ def roofline_chart(points: Sequence[dict], ceilings: Iterable[tuple[str, float, 
     out.append(f'<text x="{left + plot_w / 2}" y="{height - 8}" text-anchor="middle" fill="#374151">'
                'arithmetic intensity (FLOP / byte, stored counts)</text>')
     out.append(f'<text transform="translate(14,{top + plot_h / 2}) rotate(-90)" text-anchor="middle" fill="#374151">'
-               f'achieved FLOP/s{escape(unit_note)}</text>')
+               f'{escape(fit("achieved FLOP/s" + unit_note, plot_h))}</text>')
     clip = "clip" + hashlib.sha1(title.encode("utf-8")).hexdigest()[:10]  # unique per page
     out.append(f'<clipPath id="{clip}"><rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}"/></clipPath>')
     for i, (name, bw, peak, dash) in enumerate(ceilings):
@@ -235,7 +249,7 @@ def roofline_chart(points: Sequence[dict], ceilings: Iterable[tuple[str, float, 
         ly = top + 14 + 16 * i
         out.append(f'<line x1="{left + plot_w + 10}" y1="{ly - 4}" x2="{left + plot_w + 34}" y2="{ly - 4}" '
                    f'stroke="#b91c1c" stroke-width="2"{style}/>')
-        out.append(f'<text x="{left + plot_w + 38}" y="{ly}" font-size="11">{escape(name)}</text>')
+        out.append(f'<text x="{left + plot_w + 38}" y="{ly}" font-size="11">{escape(fit(name, right - 42, 6.5))}</text>')
     legend_y = top + 14 + 16 * len(ceilings) + 8
     for j, (kind, colour) in enumerate((("baseline", "#6b7280"), ("winner", "#2563eb"))):
         ly = legend_y + 16 * j
@@ -280,7 +294,7 @@ def grouped_bars(labels: Sequence[str], series: Sequence[tuple[str, str, Sequenc
         return label_w + plot_w * v / hi
 
     out = _open(width, height, title)
-    out.append(f'<text x="8" y="16" font-weight="600">{escape(title)}</text>')
+    out.append(_heading(8, 16, title, width))
     for k, (name, colour, _) in enumerate(series):
         out.append(f'<rect x="{label_w + 150 * k}" y="24" width="12" height="10" fill="{colour}"/>')
         out.append(f'<text x="{label_w + 150 * k + 16}" y="33" font-size="11">{escape(name[:22])}</text>')
@@ -290,7 +304,7 @@ def grouped_bars(labels: Sequence[str], series: Sequence[tuple[str, str, Sequenc
         out.append(f'<text x="{x(t):.1f}" y="{axis_y + 16}" text-anchor="middle" fill="#374151">{t:g}x</text>')
     for i, label in enumerate(labels):
         y0 = top + i * group_h
-        out.append(f'<text x="{label_w - 8}" y="{y0 + bar_h * len(series) / 2 + 4:.1f}" text-anchor="end">{escape(label)}</text>')
+        out.append(f'<text x="{label_w - 8}" y="{y0 + bar_h * len(series) / 2 + 4:.1f}" text-anchor="end">{escape(fit(label, label_w - 12))}</text>')
         for k, (name, colour, vs) in enumerate(series):
             v = vs[i]
             y = y0 + k * bar_h

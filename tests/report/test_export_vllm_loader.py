@@ -1,0 +1,131 @@
+"""The exported fused_moe config files, read back by a restatement of vLLM's and SGLang's loaders.
+
+The two readers below restate (they do not import: neither project is installed here) what the
+loaders do with a config folder, so a file they would not find or not parse fails here:
+
+- vLLM, ``vllm/model_executor/layers/fused_moe/fused_moe.py``: ``get_config_file_name`` (the name
+  from E, N, the device name with spaces -> ``_`` and any ``H200`` word -> ``NVIDIA_H200``, the
+  dtype part), ``get_moe_configs`` (json.load, drop ``triton_version``, ``int(key)`` for every
+  other key) and ``try_get_optimal_moe_config`` (the config of the token count nearest M,
+  ``min(keys, key=lambda x: abs(x - M))``), whose values the fused_moe kernel reads as the int
+  fields BLOCK_SIZE_M/N/K, GROUP_SIZE_M, num_warps, num_stages (``benchmark_moe.py`` sort_config).
+- SGLang, ``python/sglang/srt/layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py``:
+  ``get_config_file_name`` (no H200 rule, ``_down`` for the down projection) and
+  ``get_moe_configs`` (``configs/triton_<x_y_z>/<name>``, ``int(key)`` for every key).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kernelforge.catalog import Catalog
+from kernelforge.cli.main import main
+from kernelforge.report.export_vllm import sglang_device_name, vllm_device_name
+
+ROOT = Path(__file__).resolve().parents[2]
+KERNELS = ROOT / "kernels"
+FIELDS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
+
+_spec = importlib.util.spec_from_file_location("kf_synthetic_store", ROOT / "tests" / "fixtures" / "kf_synthetic_store.py")
+synthetic = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(synthetic)
+
+
+def vllm_name(E: int, N: int, torch_device_name: str, dtype: str | None) -> str:
+    """vLLM's get_config_file_name, restated."""
+    device = torch_device_name.replace(" ", "_")
+    if "H200" in device.split("_"):
+        device = "NVIDIA_H200"
+    return f"E={E},N={N},device_name={device}" + (f",dtype={dtype}" if dtype else "") + ".json"
+
+
+def vllm_load(folder: Path, E: int, N: int, torch_device_name: str, dtype: str | None) -> dict[int, dict]:
+    """vLLM's get_moe_configs with VLLM_TUNED_CONFIG_FOLDER=folder, restated."""
+    path = folder / vllm_name(E, N, torch_device_name, dtype)
+    assert path.exists(), f"vLLM would not find {path.name}; the folder holds {sorted(p.name for p in folder.iterdir())}"
+    table = json.loads(path.read_text())
+    table.pop("triton_version", None)
+    return {int(key): value for key, value in table.items()}
+
+
+def sglang_load(root: Path, triton_version: str, E: int, N: int, torch_device_name: str, down: bool = False) -> dict[int, dict]:
+    """SGLang's get_moe_configs with SGLANG_MOE_CONFIG_DIR=root, restated (bf16: no dtype part)."""
+    name = f"E={E},N={N},device_name={torch_device_name.replace(' ', '_')}{'_down' if down else ''}.json"
+    path = root / "configs" / f"triton_{triton_version.replace('.', '_')}" / name
+    assert path.exists(), f"SGLang would not find {path}"
+    return {int(key): value for key, value in json.loads(path.read_text()).items()}
+
+
+def check_values(table: dict[int, dict]) -> None:
+    for m, config in table.items():
+        assert type(m) is int and m > 0
+        assert list(config) == list(FIELDS), config
+        assert all(type(v) is int and v > 0 for v in config.values()), config
+
+
+def run_export(job: Path, out: Path, *options: str):
+    return CliRunner().invoke(main, ["--kernels", str(KERNELS), "export", str(job), "--format", "vllm", "--out",
+                                     str(out), *options], catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory):
+    """The stored H200 search, and one whose environment names the GPU "NVIDIA H200 NVL"."""
+    catalog = Catalog.discover(KERNELS)
+    folder = tmp_path_factory.mktemp("loader")
+    plain = synthetic.build(folder, catalog)
+    nvl = synthetic.build(folder, catalog, name="nvl", env={**synthetic.ENV, "device_name": "NVIDIA H200 NVL"})
+    return {"plain": plain, "nvl": nvl}
+
+
+@pytest.mark.parametrize("which", ["plain", "nvl"])
+def test_vllm_finds_and_parses_the_exported_file(stored, which, tmp_path):
+    job, expected = stored[which]
+    result = run_export(job, tmp_path)
+    assert result.exit_code == 0, result.output
+    device = "NVIDIA H200" if which == "plain" else "NVIDIA H200 NVL"
+    table = vllm_load(tmp_path, 128, 2880, device, None)
+    check_values(table)
+    assert json.loads(next(tmp_path.glob("E=*.json")).read_text())["triton_version"] == synthetic.ENV["triton"]
+    assert sorted(table) == [1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096]
+    for m, config in table.items():
+        want = expected[("moe/gpt_oss_experts", f"gpt-oss-120b/T{m}")]["params"]
+        assert config == {k: want[k] for k in FIELDS}
+    # try_get_optimal_moe_config: M=5 takes the T 8 entry, M=3000 the T 2048 one (nearest).
+    assert table[min(table, key=lambda x: abs(x - 5))] == table[8]
+    assert table[min(table, key=lambda x: abs(x - 3000))] == table[2048]
+
+
+def test_sglang_finds_and_parses_the_exported_files(stored, tmp_path):
+    job, _ = stored["nvl"]
+    result = run_export(job, tmp_path, "--layout", "sglang", "--split-down")
+    assert result.exit_code == 0, result.output
+    up = sglang_load(tmp_path, synthetic.ENV["triton"], 128, 2880, "NVIDIA H200 NVL")
+    down = sglang_load(tmp_path, synthetic.ENV["triton"], 128, 2880, "NVIDIA H200 NVL", down=True)
+    check_values(up)
+    check_values(down)
+    assert sorted(up) == sorted(down)
+    # Both GEMMs run over one alignment of the tokens: SGLang forces the down BLOCK_SIZE_M to the up one.
+    assert all(up[m]["BLOCK_SIZE_M"] == down[m]["BLOCK_SIZE_M"] for m in up)
+
+
+def test_device_names_follow_each_loader():
+    for name in ("NVIDIA H200", "NVIDIA H200 NVL", "NVIDIA H200 141GB"):
+        assert vllm_device_name({"device": "cuda", "device_name": name}) == "NVIDIA_H200"
+    assert vllm_device_name({"device": "cuda", "device_name": "NVIDIA GH200 480GB"}) == "NVIDIA_GH200_480GB"
+    assert vllm_device_name({"device": "cuda", "device_name": "NVIDIA H100 80GB HBM3"}) == "NVIDIA_H100_80GB_HBM3"
+    assert sglang_device_name({"device": "cuda", "device_name": "NVIDIA H200 NVL"}) == "NVIDIA_H200_NVL"
+    # Replayed timings measure the recorded GPU, not the machine that replayed them.
+    assert vllm_device_name({"device": "replay", "device_name": "cpu", "recorded_device": "NVIDIA H200 NVL"}) == "NVIDIA_H200"
+
+
+def test_split_down_for_vllm_is_a_clear_error(stored, tmp_path):
+    job, _ = stored["plain"]
+    result = run_export(job, tmp_path / "out", "--split-down")
+    assert result.exit_code == 2
+    assert "--split-down needs --layout sglang" in result.output and "Traceback" not in result.output

@@ -1,0 +1,163 @@
+"""The Python API (kernelforge.api, docs/python-api.md): the README's example runs as written, the
+overrides of open_job, the winner's metadata against the stored data, a winner with an in-place
+input, and the errors of load_winner."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import kernelforge
+from kernelforge import api
+from kernelforge.errors import UserError
+from kernelforge.store.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+MARK = "<!-- api-example"
+
+_spec = importlib.util.spec_from_file_location("kf_synthetic_store", ROOT / "tests" / "fixtures" / "kf_synthetic_store.py")
+synthetic = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(synthetic)
+
+
+def readme_example() -> str:
+    """The ```python block that follows the api-example marker in README.md."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert text.count(MARK) == 1, "README.md must mark exactly one Python API example"
+    match = re.search(r"```python\n(.*?)\n```", text[text.index(MARK):], re.DOTALL)
+    assert match, "no ```python block after the api-example marker in README.md"
+    return match.group(1)
+
+
+@pytest.mark.interpreter
+def test_the_readme_example_runs(tmp_path, monkeypatch, capsys):
+    # As a reader runs it: from a folder holding search/demo.toml, with the scratch database in
+    # this test's folder (tempfile) and nothing written to the checkout's reports/.
+    (tmp_path / "search").mkdir()
+    shutil.copy(ROOT / "search" / "demo.toml", tmp_path / "search" / "demo.toml")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    monkeypatch.setenv("KERNELFORGE_CACHE", str(tmp_path / "cache"))
+    namespace = {"__name__": "readme_example"}
+    exec(compile(readme_example(), "README.md (api-example)", "exec"), namespace)
+
+    job, report, winner = namespace["job"], namespace["report"], namespace["winner"]
+    assert [b.id for b in job.blocks] == ["attention/gpt_oss_decode"] and job.strategy.evaluations == 2
+    dbs = list(scratch.glob("*/demo.db"))
+    assert len(dbs) == 1 and job.storage == f"sqlite:///{dbs[0]}"
+    assert not (tmp_path / "reports").exists()  # the API writes no report files
+    row = report.block("attention/gpt_oss_decode").shapes[0]
+    assert (winner.candidate_id, winner.params, winner.speedup) == (row.winner, row.params, row.speedup)
+    assert winner.is_baseline == row.winner_is_baseline and winner.device == "interpret"
+    printed = capsys.readouterr().out
+    assert f"{row.shape} {row.winner} {row.speedup:.2f}x" in printed
+    # The stored result of what was loaded passed verification there; results() reads the same.
+    store = Store(job.storage_url, create=False)
+    block = report.block("attention/gpt_oss_decode")
+    assert store.find_result(winner.candidate_id, row.shape, job.dtype, block.env_key).ok
+    assert api.results(job).block("attention/gpt_oss_decode").shapes == block.shapes
+    # A rerun of the finished job searches nothing and reports the same winners.
+    again = api.run(job)
+    assert [r.winner for r in again.block("attention/gpt_oss_decode").shapes] == [r.winner for r in block.shapes]
+
+
+def test_the_package_reexports_the_api():
+    assert kernelforge.load_winner is api.load_winner and kernelforge.run is api.run
+    with pytest.raises(AttributeError):
+        kernelforge.no_such_name
+
+
+def test_open_job_overrides_and_their_errors():
+    job = api.open_job("search/demo.toml", storage="sqlite:////tmp/x.db", evaluations=3,
+                       blocks=["moe/gpt_oss_experts", "attention/gpt_oss_prefill"])
+    assert job.storage_url == "sqlite:////tmp/x.db" and job.strategy.evaluations == 3
+    assert [b.id for b in job.blocks] == ["attention/gpt_oss_prefill", "moe/gpt_oss_experts"]  # the job's order
+    assert api.open_job(job, blocks="moe/gpt_oss_experts").blocks == job.blocks[1:]
+    with pytest.raises(UserError, match="has blocks attention/gpt_oss_prefill, .*choose one or more"):
+        api.open_job(job, blocks=["norm/fused_add_rmsnorm"])
+    with pytest.raises(UserError, match="positive integer"):
+        api.open_job(job, evaluations=0)
+    with pytest.raises(UserError, match="SQLAlchemy URL"):
+        api.open_job(job, storage="")
+    with pytest.raises(UserError, match="no such job file or job name"):
+        api.open_job("no-such-job")
+
+
+def test_load_winner_of_a_job_with_nothing_stored(tmp_path):
+    job = api.open_job("search/demo.toml", storage=f"sqlite:///{tmp_path / 'missing.db'}")
+    with pytest.raises(UserError, match="no results database at .*missing.db; run the search first"):
+        api.load_winner(job, "attention/gpt_oss_decode")  # no database at all
+    Store(f"sqlite:///{tmp_path / 'empty.db'}").close()
+    job = api.open_job(job, storage=f"sqlite:///{tmp_path / 'empty.db'}")
+    with pytest.raises(UserError, match=r"attention/gpt_oss_decode of job demo has no verified winner at shape "
+                                        r"smoke/full .*nothing is stored for it; run the job first"):
+        api.load_winner(job, "attention/gpt_oss_decode")
+    with pytest.raises(UserError, match="has no block 'norm/fused_add_rmsnorm'"):
+        api.load_winner(job, "norm/fused_add_rmsnorm")
+    with pytest.raises(UserError, match="no shape 'smoke/T9'.*smoke/full, smoke/window32"):
+        api.load_winner(job, "attention/gpt_oss_decode", "smoke/T9")
+
+
+def test_the_winners_metadata_is_the_stored_winners(tmp_path, catalog):
+    # A GPU search's database (fixture rows "measured on an H200"): the winner is the variant.
+    path, expected = synthetic.build(tmp_path, catalog)
+    job = api.open_job(path, catalog=catalog)
+    block = catalog.block("attention/gpt_oss_decode")
+    shape = block.shapes("interactive")[1]
+    winner = api.load_winner(job, block.id, shape.name, device="interpret", catalog=catalog)
+    want = expected[(block.id, shape.name)]
+    assert winner.candidate_id == want["winner"] != want["baseline"]
+    assert winner.params == want["params"] and winner.params["NUM_KV_SPLITS"] == 16
+    assert winner.speedup == pytest.approx(want["baseline_s"] / want["winner_s"])
+    assert not winner.is_baseline and not winner.confirmed
+    assert winner.template == "attention/gpt_oss_decode/baseline" and winner.shape == shape
+    assert winner.timing_label == synthetic.ENV["timing"] and winner.dtype == torch.bfloat16
+    assert (winner.device, winner.torch_device) == ("interpret", "cpu")
+    assert winner.source == Store(job.storage_url, create=False).candidate(winner.candidate_id).source
+    assert winner.candidate_id in repr(winner) and f"{winner.speedup:.3g}x" in repr(winner)
+    if not torch.cuda.is_available():  # the job's own device is cuda
+        with pytest.raises(UserError, match="no CUDA GPU is visible here; pass device='interpret'"):
+            api.load_winner(job, block.id, shape.name, catalog=catalog)
+
+
+def test_a_winner_that_failed_verification_is_refused(tmp_path, catalog):
+    path, expected = synthetic.build(tmp_path, catalog)
+    job = api.open_job(path, catalog=catalog)
+    shape = catalog.block("attention/gpt_oss_decode").shapes("interactive")[0]
+    with Store(job.storage_url, create=False).engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE kf_results SET status = 'wrong', median_s = NULL WHERE shape = ?", (shape.name,))
+    with pytest.raises(UserError, match=f"no verified winner at shape {shape.name} .*its status there is wrong"):
+        api.load_winner(job, "attention/gpt_oss_decode", shape.name, device="interpret", catalog=catalog)
+
+
+@pytest.mark.interpreter
+def test_a_winner_with_an_in_place_input(tmp_path, monkeypatch, catalog):
+    monkeypatch.setenv("KERNELFORGE_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "norm.toml"
+    path.write_text('[job]\nname = "api-norm"\ndevice = "interpret"\ndtype = "bfloat16"\n'
+                    '[strategy]\nname = "random"\nevaluations = 1\n'
+                    '[[blocks]]\nid = "norm/fused_add_rmsnorm"\nshapes = "smoke/T3-H200"\n')
+    job = api.open_job(path, storage=f"sqlite:///{tmp_path / 'norm.db'}", catalog=catalog)
+    report = api.run(job, catalog=catalog, compile_ahead=False)
+    winner = api.load_winner(job, "norm/fused_add_rmsnorm", catalog=catalog)
+    assert winner.candidate_id == report.block("norm/fused_add_rmsnorm").shapes[0].winner
+    inputs = winner.make_inputs(seed=5)
+    pristine = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    got = winner(**inputs)
+    want = winner.block.reference(**pristine)
+    assert set(got) == set(want) == {"out", "residual"}
+    assert got["residual"] is inputs["residual"]  # updated in place, as the kernel does
+    assert not torch.equal(inputs["residual"], pristine["residual"])
+    tol = winner.block.tolerance(winner.dtype, "cpu")
+    for name, ref in want.items():
+        assert got[name].dtype == torch.bfloat16
+        torch.testing.assert_close(got[name].float(), ref, rtol=tol.rtol,
+                                   atol=tol.atol * ref.pow(2).mean().sqrt().item())
