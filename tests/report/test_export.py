@@ -1,4 +1,4 @@
-"""``kernelforge export``: vLLM fused_moe configs, a Triton module with triton.Config lists, and the
+"""``kernelforge export``: vLLM fused_moe configs, a Triton dispatcher by token count, and the
 winning sources, from a real MoE search in the interpreter and from a stored H200 search."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from kernelforge.catalog import Catalog
 from kernelforge.cli.main import main
-from kernelforge.report.export import GEMM2_KEYS, VLLM_KEYS, vllm_file_name
+from kernelforge.report.export import GEMM2_KEYS, VLLM_KEYS, vllm_device_name, vllm_file_name
 from kernelforge.job import load_job
 from kernelforge.search.progress import Progress
 from kernelforge.report.collect import collect
@@ -49,9 +49,9 @@ shapes = "smoke/T8-E4"
 """
 
 
-def export(job_file: Path, fmt: str, out: Path):
+def export(job_file: Path, fmt: str, out: Path, *options: str):
     result = CliRunner().invoke(main, ["--kernels", str(KERNELS), "export", str(job_file), "--format", fmt,
-                                       "--out", str(out)], catch_exceptions=False)
+                                       "--out", str(out), *options], catch_exceptions=False)
     return result
 
 
@@ -76,11 +76,12 @@ def test_vllm_export_of_a_real_moe_search(tmp_path):
     env = data.environments[data.blocks[0].env_key]
     result = export(path, "vllm", tmp_path / "out")
     assert result.exit_code == 0, result.output
-    name = vllm_file_name(4, 128, env["device_name"].replace(" ", "_"), "bfloat16")
+    name = vllm_file_name(4, 128, vllm_device_name(env))
     assert name.startswith("E=4,N=128,device_name=") and " " not in name
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted([name, "kernelforge-export-vllm.json"])
     config = json.loads((tmp_path / "out" / name).read_text())
-    assert list(config) == ["8"]  # token count T as a string
+    assert list(config) == ["triton_version", "8"]  # vLLM's tuner writes the Triton version first
+    assert config.pop("triton_version") == env["triton"]
     assert list(config["8"]) == list(VLLM_KEYS)
     assert all(type(v) is int for v in config["8"].values())
     # The exported values are the report's winner for T 8 (the baseline's point if nothing beat it);
@@ -101,6 +102,7 @@ def test_vllm_export_of_a_stored_h200_search(h200, tmp_path):
     assert result.exit_code == 0, result.output
     path = tmp_path / "E=128,N=2880,device_name=NVIDIA_H200.json"
     config = json.loads(path.read_text())
+    assert config.pop("triton_version") == synthetic.ENV["triton"]
     assert list(config) == [str(t) for t in PRESET_TOKENS]
     for t in PRESET_TOKENS:
         want = h200["expected"][("moe/gpt_oss_experts", f"gpt-oss-120b/T{t}")]["params"]
@@ -119,8 +121,9 @@ def test_triton_export_is_an_importable_module_with_configs(h200, tmp_path):
     result = export(h200["path"], "triton", tmp_path)
     assert result.exit_code == 0, result.output
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["attention_gpt_oss_decode.py", "attention_gpt_oss_prefill.py", "kernelforge-export-triton.json",
-                     "moe_gpt_oss_experts.py"]
+    winners = sorted({f"{b.replace('/', '_')}__{e['winner']}.py" for (b, _), e in h200["expected"].items()})
+    assert names == sorted(["attention_gpt_oss_decode.py", "attention_gpt_oss_prefill.py", "kernelforge-export-triton.json",
+                            "moe_gpt_oss_experts.py", *winners])  # a dispatcher per block, a module per winner
     spec = importlib.util.spec_from_file_location("kf_export_moe", tmp_path / "moe_gpt_oss_experts.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules["kf_export_moe"] = module  # triton.jit resolves globals through the module
@@ -128,13 +131,24 @@ def test_triton_export_is_an_importable_module_with_configs(h200, tmp_path):
         spec.loader.exec_module(module)
     finally:
         sys.modules.pop("kf_export_moe", None)
-    assert callable(module.run)  # the winning kernels' entry point
+    assert callable(module.run) and module.LOADED == {}  # the dispatcher; winners are imported on first use
     assert all(isinstance(c, triton.Config) for c in module.CONFIGS) and len(module.CONFIGS) == 2
     for t in PRESET_TOKENS:
         want = h200["expected"][("moe/gpt_oss_experts", f"gpt-oss-120b/T{t}")]["params"]
         config = module.CONFIGS[module.SHAPE_CONFIGS[f"gpt-oss-120b/T{t}"]]
         assert config.num_warps == want["num_warps"] and config.num_stages == want["num_stages"]
         assert config.kwargs == {k: v for k, v in want.items() if k not in ("num_warps", "num_stages")}
+    # Token-count dispatch, as vLLM looks configs up: the nearest tuned T (5 -> 8, 3000 -> 2048, 1e6 -> 4096).
+    for m, t in ((1, 1), (5, 8), (3000, 2048), (10 ** 6, 4096)):
+        assert module.config_for(m, E=128, I=2880) is module.CONFIGS[module.SHAPE_CONFIGS[f"gpt-oss-120b/T{t}"]]
+    assert module.config_for(5, E=128, I=2880).kwargs["BLOCK_SIZE_M"] == 16  # the decode winner
+    assert module.config_for(3000, E=128, I=2880).kwargs["BLOCK_SIZE_M"] == 128
+    with pytest.raises(ValueError):
+        module.config_for(8, E=7)
+    # Each token count goes to its own shape's winner (the decode winner is not the prefill one).
+    for m, t in ((5, 8), (3000, 2048)):
+        assert module.winner_for(m, E=128, I=2880) == h200["expected"][("moe/gpt_oss_experts", f"gpt-oss-120b/T{t}")]["winner"]
+    assert module.winner_for(5, E=128, I=2880) != module.winner_for(3000, E=128, I=2880)
 
 
 def test_source_export_writes_the_stored_winning_sources(h200, tmp_path):
@@ -186,5 +200,16 @@ def test_vllm_export_of_a_winner_with_its_own_gemm2_configuration(tmp_path):
     # The split winner is not written; the fastest single-configuration candidate (the previous
     # winner) stands for T 64, and the note says so.
     assert config["64"] == {k: won["params"][k] for k in VLLM_KEYS}
-    assert "GEMM2 apart from GEMM1" in result.output and "BLOCK_SIZE_N2=" in result.output
-    assert f"exported the fastest single-configuration candidate {won['winner']}" in result.output
+    output = " ".join(result.output.split())  # the console wraps long notes
+    assert "GEMM2 apart from GEMM1" in output and "BLOCK_SIZE_N2=" in output
+    assert f"exported the fastest single-configuration candidate {won['winner']}" in output
+    # With SGLang's separate down-projection file, the split winner itself ships: GEMM1 in the
+    # up file, its own GEMM2 configuration (BLOCK_SIZE_M shared) in the _down file.
+    result = export(path, "vllm", tmp_path / "sgl", "--layout", "sglang", "--split-down")
+    assert result.exit_code == 0, result.output
+    folder = tmp_path / "sgl" / "configs" / "triton_3_4_0"
+    up = json.loads((folder / "E=128,N=2880,device_name=NVIDIA_H200.json").read_text())
+    down = json.loads((folder / "E=128,N=2880,device_name=NVIDIA_H200_down.json").read_text())
+    assert up["64"] == {k: split.point[k] for k in VLLM_KEYS}
+    assert down["64"] == {k: split.point[GEMM2_KEYS.get(k, k)] for k in VLLM_KEYS}
+    assert down["64"]["BLOCK_SIZE_N"] != up["64"]["BLOCK_SIZE_N"]
