@@ -10,6 +10,7 @@
     seed = 0
     storage = ""                  # any SQLAlchemy URL; default sqlite:///reports/<name>/kernelforge.db
     tune = "all-shapes"           # one config for all shapes (geomean speedup) or "per-shape"
+    objective = "time"            # time | energy | time-energy (two objectives: tpe by default)
 
     [strategy]
     name = "auto"                 # auto | tpe | random | grid | gp | cmaes | nsga2 | optuna-random (strategies.names)
@@ -45,8 +46,9 @@ from kernelforge.errors import UserError
 from kernelforge.llm_spec import LLMSpec, parse_llm
 from kernelforge.llm_spec import typed as _typed
 from kernelforge.llm_spec import unknown_fields as _unknown
+from kernelforge.objective import Objective
 from kernelforge.redact import register_url
-from kernelforge.strategies.names import STRATEGY_NAMES
+from kernelforge.strategies.names import STRATEGIES, STRATEGY_NAMES
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -82,7 +84,7 @@ class Tune(str, Enum):
 
 TUNE_MODES = tuple(t.value for t in Tune)
 
-_JOB_KEYS = {"name", "description", "device", "target", "dtype", "seed", "storage", "tune"}
+_JOB_KEYS = {"name", "description", "device", "target", "dtype", "seed", "storage", "tune", "objective"}
 _STRATEGY_KEYS = {"name", "evaluations", "max_minutes", "warm_start"}
 _BLOCK_KEYS = {"id", "shapes", "templates"}
 
@@ -119,6 +121,7 @@ class Job:
     tune: Tune = Tune.ALL_SHAPES
     description: str = ""
     llm: LLMSpec | None = None
+    objective: Objective = Objective.TIME
 
     @property
     def report_dir(self) -> Path:
@@ -182,6 +185,7 @@ def parse_job(raw: dict[str, Any], path: Path, catalog=None) -> Job:
     tune = _typed(f"{path} [job] tune", job.get("tune", "all-shapes"), str, '"all-shapes"')
     if tune not in TUNE_MODES:
         raise UserError(f"{path} [job] tune: {tune!r} is not one of {', '.join(TUNE_MODES)}")
+    objective = Objective.parse(job.get("objective", "time"), f"{path} [job] objective")
     seed = _typed(f"{path} [job] seed", job.get("seed", 0), int, "an integer")
     target = job.get("target")
     if target is not None:
@@ -194,6 +198,7 @@ def parse_job(raw: dict[str, Any], path: Path, catalog=None) -> Job:
         close = difflib.get_close_matches(strategy_name, STRATEGY_NAMES, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
         raise UserError(f"{path} [strategy] name: {strategy_name!r} is not one of {', '.join(STRATEGY_NAMES)}{hint}")
+    strategy_name = _objective_strategy(objective, strategy_name, "name" in strategy, path)
     evaluations = _typed(f"{path} [strategy] evaluations", strategy.get("evaluations", 16), int, "a positive integer")
     if evaluations < 1:
         raise UserError(f"{path} [strategy] evaluations: must be at least 1, got {evaluations}")
@@ -240,8 +245,20 @@ def parse_job(raw: dict[str, Any], path: Path, catalog=None) -> Job:
         strategy=StrategySpec(strategy_name, evaluations, float(max_minutes) if max_minutes is not None else None,
                               warm_start),
         device=device, target=target, dtype=dtype, seed=seed, storage=storage, tune=Tune(tune),
-        description=str(job.get("description", "")), llm=llm,
+        description=str(job.get("description", "")), llm=llm, objective=objective,
     )
+
+
+def _objective_strategy(objective: Objective, name: str, explicit: bool, path: Path) -> str:
+    """The strategy of a job tuning for ``objective``: time-energy needs one that takes two
+    objectives (the default becomes "tpe"); an explicit single-objective one is refused."""
+    if objective is not Objective.TIME_ENERGY or STRATEGIES[name].objectives == 2:
+        return name
+    if not explicit:
+        return "tpe"
+    two = ", ".join(s.name for s in STRATEGIES.values() if s.objectives == 2)
+    raise UserError(f'{path} [strategy] name: {name!r} tunes one objective; objective = "time-energy" needs a '
+                    f"strategy that takes two: {two} (or leave [strategy] name out for tpe)")
 
 
 def warm_sources(values: Any, where: str) -> tuple[str, ...]:

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from enum import Enum
 from typing import Iterable, Mapping
 
+from kernelforge.errors import UserError
 from kernelforge.result import StoredResult
 
 
@@ -101,3 +103,39 @@ def rank(table: dict[str, dict[str, StoredResult]], baseline: str | Mapping[str,
         if value is not None:
             ranked.append((candidate_id, value))
     return sorted(ranked, key=lambda item: -item[1])
+
+
+class Objective(str, Enum):
+    """What a job tunes for (``[job] objective``): time per call (:func:`time_ratio`), energy per
+    call (:func:`energy_ratio`), or both at once (a multi-objective strategy, two values per tell)."""
+
+    TIME = "time"
+    ENERGY = "energy"
+    TIME_ENERGY = "time-energy"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def parse(cls, value: object, where: str) -> "Objective":
+        """``value`` as an Objective; a UserError naming ``where`` and the choices otherwise."""
+        try:
+            return cls(value)
+        except ValueError:
+            choices = ", ".join(f'"{o.value}"' for o in cls)
+            raise UserError(f"{where}: {value!r} is not one of {choices}") from None
+
+
+def energy_ratio(results: Iterable[StoredResult], baseline: Mapping[str, StoredResult]) -> float | None:
+    """The energy objective: the geometric mean over ``results`` of the candidate's joules per call
+    over the baseline's on the same shape. None under the same conditions as :func:`time_ratio`,
+    and also when either side has no energy (not measured: the interpreter, or no NVML)."""
+    ratios = []
+    for r in results:
+        base = baseline.get(r.shape)
+        if base is None or not (r.ok and base.ok) or r.timing_method != base.timing_method:
+            return None
+        if not r.joules or not base.joules or r.joules <= 0 or base.joules <= 0:
+            return None
+        ratios.append(r.joules / base.joules)
+    return geomean(ratios) if ratios else None

@@ -27,6 +27,7 @@ from kernelforge.objective import (baseline_results, by_candidate, geomean, geom
 from kernelforge.redact import redact_url
 from kernelforge.report.dashboard import dashboard_command
 from kernelforge.report.llm_section import collect_llm
+from kernelforge.report.pareto import block_fronts
 from kernelforge.report.projected import collect_projection
 from kernelforge.report.records import (Banner, BaselineSource, BlockReport, CandidateRow, CompileRow, Progress,
                                         ProgressPoint, Report, RooflineMeta, ShapeBaseline, ShapeRoofline, ShapeRow,
@@ -75,7 +76,7 @@ def collect(job: Job, catalog: Catalog, store: Store) -> Report:
         job=job.name, job_file=str(job.path), dtype=job.dtype, tune=job.tune, strategy=job.strategy.name,
         storage=redact_url(job.storage_url), blocks=tuple(blocks), environments=environments, banners=tuple(banners.values()),
         projection=collect_projection(blocks, catalog), llm=collect_llm(job, store, blocks),
-        dashboard=dashboard_command(job),
+        dashboard=dashboard_command(job), objective=str(job.objective),
     )
 
 
@@ -131,6 +132,7 @@ def _collect_block(job: Job, catalog: Catalog, store: Store, spec: BlockSpec,
         roofline=_roofline_meta(env, ceilings),
         suspects=_suspects(table, ceilings), baselines=baseline_sources(baselines),
         library=tuple(library_lines(store, block.id, shapes, job.dtype, env_key).values()),  # issue 11
+        pareto=block_fronts([("all", shapes)], table, env),  # issue 16: one front over the block's shapes
     )
 
 

@@ -14,6 +14,7 @@ from kernelforge.report.format import (baseline_ref, baselines_text, fmt_delta, 
                                        fmt_speedup, fmt_time, params_text, roofline_cells, speedup_text)
 from kernelforge.report.llm_markdown import llm_markdown
 from kernelforge.report.moe_table import moe_markdown
+from kernelforge.report.pareto import front_markdown
 from kernelforge.report.projected import NOTHING_PROJECTED
 from kernelforge.report.records import BlockReport, Confirmation, PhaseRow, ProjectionReport, Report, ShapeRow
 
@@ -30,7 +31,8 @@ def to_markdown(report: Report) -> str:
     """REPORT.md: per block the speedup table, candidates, winner diff, roofline and compile
     resources; then the model-level projection and the environments the numbers came from."""
     lines = [f"# kernelforge report: {report.job}", ""]
-    lines.append(f"Job `{report.job_file}`, dtype {report.dtype}, tuning {report.tune}, strategy {report.strategy}. "
+    lines.append(f"Job `{report.job_file}`, dtype {report.dtype}, tuning {report.tune}, strategy {report.strategy}, "
+                 f"objective {report.objective}. "
                  "Every number below is read from the job's results database; speedup = baseline time / winner "
                  "time, with its p20-p80 spread (from interleaved re-timing pairs where marked confirmed).")
     lines.append("")
@@ -80,6 +82,7 @@ def _block_markdown(block: BlockReport) -> list[str]:
         )
     lines.extend(_library_markdown(block))  # issue 11: the library reference line
     lines.extend(moe_markdown(block))  # issue 16: default versus tuned per token count
+    lines.extend(front_markdown(block.pareto))  # issue 16: the time-energy Pareto front
     labels = sorted({r.timing_label for r in block.shapes if r.timing_label})
     if labels:
         lines.append("")

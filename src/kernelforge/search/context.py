@@ -14,6 +14,7 @@ from kernelforge.block import DTYPES
 from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
 from kernelforge.job import Job
+from kernelforge.objective import Objective
 
 if TYPE_CHECKING:
     import torch
@@ -34,7 +35,8 @@ class RunContext:
     baseline candidate of that shape (:func:`kernelforge.search.plan.baseline_candidates`; shapes
     that share a baseline point share the candidate). ``deadline``: the wall-clock end of the whole job (``time.time()`` seconds; None
     without ``[strategy] max_minutes``). ``ledger``: this worker's place among the job's workers
-    under ``env_key`` (:mod:`kernelforge.store.ledger`).
+    under ``env_key`` (:mod:`kernelforge.store.ledger`). ``objective``: what this run tunes for,
+    the job's objective where energy is measurable, else time (:mod:`kernelforge.search.energy`).
     """
 
     job: Job
@@ -48,6 +50,7 @@ class RunContext:
     ledger: "Ledger"
     target: str | None = None
     deadline: float | None = None
+    objective: Objective = Objective.TIME
 
     @property
     def dtype_name(self) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 
 from kernelforge.candidate import Candidate
 from kernelforge.objective import time_ratio
+from kernelforge.search.energy import objective_value
 from kernelforge.result import StoredResult
 from kernelforge.search.context import RunContext
 from kernelforge.search.pipeline import Pipeline
@@ -103,14 +104,15 @@ class EvaluationLoop:
                  ordered: list[StoredResult], infeasible: str | None) -> float | None:
         """Tell the strategy a point's stored results (and the proposer how its template's own
         point did): their objective, or ``infeasible`` with its reason when they are a resource
-        rejection (:meth:`Pipeline.infeasible`: nothing ran). Returns the objective."""
+        rejection (:meth:`Pipeline.infeasible`: nothing ran). Returns the time ratio (the speedup's
+        inverse, whatever the run's objective: energy or a (time, energy) pair are told, not shown)."""
         baseline = self.baselines[study.block.id]
         value = None
         if infeasible is not None:
             study.strategy.infeasible(point, infeasible)
         else:
+            study.strategy.tell(point, objective_value(self.run.objective, ordered, baseline))
             value = time_ratio(ordered, baseline)
-            study.strategy.tell(point, value)
         if self.proposals is not None:
             self.proposals.observe(study, candidate, ordered, baseline)
         return value

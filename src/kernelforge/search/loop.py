@@ -40,6 +40,7 @@ from kernelforge.search.evaluation_loop import EvaluationLoop, SearchOutcome
 from kernelforge.search.proposals import Proposals
 from kernelforge.search.reserve import Reserve
 from kernelforge.search.shared import Shares
+from kernelforge.search.energy import objective_in_effect
 from kernelforge.search.study import Study, make_strategy_for
 from kernelforge.store.lock import JobLock
 from kernelforge.store.store import Store
@@ -94,12 +95,15 @@ class Search:
             parse_target(target)  # a bad target is a user error before anything runs
             # Compiling runs the candidate's host code: the same policy, secrets and limits apply.
             self.pool = self.given_pool or SandboxedCompilePool(max_workers=self.compile_workers)
+        objective, energy_warning = objective_in_effect(self.job, env)  # decided once per run
+        if energy_warning:
+            self.progress.event("warning", message=energy_warning)
         # A wall-clock cap covers the whole job, confirmation included.
         cap = 60 * self.job.strategy.max_minutes if self.job.strategy.max_minutes else None
         self.run_context = RunContext(
             job=self.job, catalog=self.catalog, store=self.store, executor=self.executor, progress=self.progress,
             env=env, env_key=env_key(env), ledger=self.store.ledger(self.job.name, env_key(env)), target=target,
-            deadline=time.time() + cap if cap else None,
+            deadline=time.time() + cap if cap else None, objective=objective,
             baselines={spec.id: baseline_candidates(self.catalog, spec.id, self.catalog.block(spec.id).shapes(spec.shapes))
                        for spec in self.job.blocks},
         )

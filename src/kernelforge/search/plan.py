@@ -21,6 +21,7 @@ from kernelforge.block import Shape
 from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
 from kernelforge.job import BlockSpec, Job
+from kernelforge.search.energy import study_suffix
 from kernelforge.result import resource_rejected
 
 
@@ -58,8 +59,9 @@ class PlannedStudy:
 
 
 def study_name(job: Job, template_id: str, scope: str) -> str:
-    """The name of a study (also its Optuna study's name in the job's storage)."""
-    return f"{job.name}|{template_id}|{scope}|{job.dtype}"
+    """The name of a study (also its Optuna study's name in the job's storage); a job tuning for
+    energy or time-energy gets its own names (:func:`~kernelforge.search.energy.study_suffix`)."""
+    return f"{job.name}|{template_id}|{scope}|{job.dtype}{study_suffix(job.objective)}"
 
 
 def llm_reserve(job: Job) -> int:

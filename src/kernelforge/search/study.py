@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from kernelforge.block import Block, Shape
 from kernelforge.llm.advisor import advice_for
+from kernelforge.search.energy import objectives
 from kernelforge.search.warm import warm_start_points
 from kernelforge.strategies.ahead import AskAhead, asks_ahead
 from kernelforge.strategies.base import Strategy
@@ -92,8 +93,11 @@ def make_strategy_for(run: "RunContext", template: Template, name: str, shapes: 
     firsts = start_points(template, shapes)
     if shapes:
         firsts += warm_start_points(run, template, shapes, firsts)
+    if run.objective is not job.objective:  # energy not measurable here: never mix with a measured study
+        name = f"{name}|as-{run.objective}"
     strategy = make_strategy(job.strategy.name, template.space, seed=job.seed, baseline=firsts,
-                             storage=run.store.url if stateful else None, study_name=name)
+                             storage=run.store.url if stateful else None, study_name=name,
+                             objectives=objectives(run.objective))
     advice = advice_for(run, template, shapes)  # [llm] guide_points: the LLM's points first
     if advice is not None:
         strategy = GuidedStrategy(strategy, advice)

@@ -53,6 +53,8 @@ class Strategy(ABC):
     """
 
     name: str = "strategy"
+    #: How many objectives :meth:`tell` takes per point (2: a (time, energy) tuple).
+    objectives: int = 1
 
     def __init__(self, space: Space, *, seed: int = 0, baseline: Mapping | Sequence[Mapping] | None = None):
         self.space = space
@@ -155,9 +157,13 @@ class Strategy(ABC):
         return key, value, asked
 
 
-def clean_value(value: float | None) -> float | None:
-    """A told objective as a float, or None when it failed (None, NaN or infinite)."""
+def clean_value(value: float | Sequence[float] | None) -> float | tuple[float, ...] | None:
+    """A told objective as a float (a tuple of floats for a strategy of several objectives), or
+    None when it failed (None, or any element NaN or infinite)."""
     if value is None:
         return None
+    if isinstance(value, (tuple, list)):
+        values = tuple(float(v) if v is not None else math.nan for v in value)
+        return values if values and all(math.isfinite(v) for v in values) else None
     value = float(value)
     return value if math.isfinite(value) else None

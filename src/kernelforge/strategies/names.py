@@ -27,7 +27,8 @@ class StrategyName:
     random); Optuna strategies are built by :class:`OptunaStrategy` with ``sampler``, the Optuna
     sampler they drive (None for the others). ``stateful``: it keeps a study in the job's storage
     (resumed from there; a strategy without one is told a resumed search's history); ``origin``:
-    the origin its candidates are stored with; ``packages``: optional Python packages it needs.
+    the origin its candidates are stored with; ``packages``: optional Python packages it needs;
+    ``objectives``: how many objectives it minimises at once (2: time and energy per call).
     """
 
     name: str
@@ -37,13 +38,14 @@ class StrategyName:
     stateful: bool = True
     origin: str = "optuna"
     packages: tuple[str, ...] = ("optuna",)
+    objectives: int = 1
 
 
 #: Every strategy, the default (``auto``) first.
 STRATEGIES: dict[str, StrategyName] = {s.name: s for s in (
     StrategyName("auto", "Bayesian optimisation over the feasible points with local moves (the default)",
                  AutoStrategy, stateful=False, origin="auto", packages=("numpy",)),
-    StrategyName("tpe", "Optuna's multivariate TPE", sampler="tpe"),
+    StrategyName("tpe", "Optuna's multivariate TPE", sampler="tpe", objectives=2),
     # Random's candidates have always been stored with origin "optuna": kept for stored data.
     StrategyName("random", "uniform sampling without replacement, seeded", RandomStrategy, stateful=False,
                  packages=()),
@@ -52,8 +54,9 @@ STRATEGIES: dict[str, StrategyName] = {s.name: s for s in (
     StrategyName("gp", "Optuna's Gaussian-process sampler", sampler="gp", packages=("optuna", "scipy", "torch")),
     StrategyName("cmaes", "Optuna's CMA-ES sampler (ordinal encoding)", sampler="cmaes",
                  packages=("optuna", "cmaes")),
-    StrategyName("nsga2", "Optuna's NSGA-II sampler", sampler="nsga2"),
-    StrategyName("optuna-random", "Optuna's random sampler (through a stored study)", sampler="random"),
+    StrategyName("nsga2", "Optuna's NSGA-II sampler", sampler="nsga2", objectives=2),
+    StrategyName("optuna-random", "Optuna's random sampler (through a stored study)", sampler="random",
+                 objectives=2),
 )}
 
 #: Names accepted by :func:`make_strategy`, in table order.
@@ -79,18 +82,23 @@ def make_strategy(
     baseline: Mapping | None = None,
     storage: Any = None,
     study_name: str | None = None,
+    objectives: int = 1,
 ) -> Strategy:
     """Build the strategy called ``name`` (one of :data:`STRATEGY_NAMES`).
 
     ``storage`` and ``study_name`` apply to the stateful (Optuna) strategies (a study to create or
     resume); grid and random keep no state of their own: a resumed search tells them its history.
+    ``objectives``: 2 for a (time, energy) search, refused by a strategy of one objective.
     """
     entry = STRATEGIES.get(name)
     if entry is None:
         raise UserError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGY_NAMES)}")
+    if objectives > entry.objectives:
+        two = ", ".join(s.name for s in STRATEGIES.values() if s.objectives >= objectives)
+        raise UserError(f"the {name!r} strategy minimises one objective; {objectives} objectives need one of: {two}")
     if entry.sampler is None:
         return entry.factory(space, seed=seed, baseline=baseline)
     if importlib.util.find_spec("optuna") is None:
         raise UserError(f"the {name!r} strategy needs the Python package 'optuna', which is not installed; pip install optuna")
     return entry.factory(space, seed=seed, baseline=baseline, sampler=entry.sampler, storage=storage,
-                         study_name=study_name)
+                         study_name=study_name, objectives=objectives)

@@ -7,13 +7,13 @@ table import nothing of it.
 
 from __future__ import annotations
 
-import importlib.util
 import random
 from typing import Any, Mapping
 
 from kernelforge.errors import UserError
 from kernelforge.space import Space
 from kernelforge.strategies.base import Key, Strategy, clean_value
+from kernelforge.strategies.optuna_samplers import make_sampler
 from kernelforge.strategies.optuna_storage import TrialBeats, shared_storage
 
 #: Sampler names accepted by :class:`OptunaStrategy` (the strategy names that use them are in
@@ -64,8 +64,12 @@ class OptunaStrategy(Strategy):
         study_name: str | None = None,
         encoding: str | None = None,
         sampler_options: Mapping[str, Any] | None = None,
+        objectives: int = 1,
     ):
         super().__init__(space, seed=seed, baseline=baseline)
+        if objectives not in (1, 2):
+            raise UserError(f"an Optuna strategy minimises 1 or 2 objectives, not {objectives}")
+        self.objectives = objectives
         if sampler not in SAMPLERS:
             raise UserError(f"unknown Optuna sampler {sampler!r}; choose one of {', '.join(SAMPLERS)}")
         encoding = encoding or ("ordinal" if sampler == "cmaes" else "categorical")
@@ -80,7 +84,7 @@ class OptunaStrategy(Strategy):
         # Optuna logs one INFO line per trial; a search tells thousands.
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self._choices = {name: _choices(values) for name, values in space.params}
-        self._sampler = _make_sampler(optuna, sampler, seed, space, self._choices, dict(sampler_options or {}))
+        self._sampler = make_sampler(optuna, sampler, seed, space, self._choices, dict(sampler_options or {}))
         try:
             if isinstance(storage, str):
                 storage = shared_storage(optuna, storage)
@@ -88,7 +92,7 @@ class OptunaStrategy(Strategy):
                 storage=storage,
                 sampler=self._sampler,
                 study_name=study_name,
-                direction="minimize",
+                directions=["minimize"] * objectives,
                 load_if_exists=storage is not None and study_name is not None,
             )
         except Exception as exc:  # a bad URL, a locked or foreign database, a maximize study...
@@ -100,7 +104,7 @@ class OptunaStrategy(Strategy):
         self._beats = TrialBeats(optuna, storage, self.study)
         self._trials: dict[Key, Any] = {}  # pending key -> optuna Trial
         self._seen_trials: set[int] = set()
-        self._worst: float | None = None
+        self._worst: list[float | None] = [None] * objectives  # per objective
         self._rng = random.Random(seed)
         self._resume()
         for first in self.baselines:
@@ -186,28 +190,49 @@ class OptunaStrategy(Strategy):
             if point is None or not self.space.contains(point):
                 continue
             key = self.key(point)
-            value = frozen.user_attrs.get("value", frozen.value) if status != "failed" else None
-            value = clean_value(value)
+            # frozen.value raises on a study of two objectives: read ``values`` there.
+            stored = frozen.values if self.objectives > 1 else frozen.value
+            value = frozen.user_attrs.get("value", stored) if status != "failed" else None
+            value = self._checked(clean_value(value))
             if key not in self.known or self.known[key] is None:
                 self.known[key] = value
             self._note(value)
 
-    def _note(self, value: float | None) -> None:
-        if value is not None and (self._worst is None or value > self._worst):
-            self._worst = value
+    def _checked(self, value: Any) -> Any:
+        """``value`` (cleaned) when it has one number per objective; None for a stored value of
+        another arity (a trial written by a study of another objective is not trusted)."""
+        if value is None:
+            return None
+        arity = len(value) if isinstance(value, tuple) else 1
+        if arity != self.objectives:
+            return None
+        return value
 
-    def penalty(self) -> float:
-        """The value told for failed and invalid points: 10x the worst finite value so far."""
-        if self._worst is None:
+    def _note(self, value: Any) -> None:
+        if value is None:
+            return
+        for index, v in enumerate(value if isinstance(value, tuple) else (value,)):
+            worst = self._worst[index]
+            if worst is None or v > worst:
+                self._worst[index] = v
+
+    def penalty(self) -> Any:
+        """The value told for failed and invalid points: 10x the worst finite value so far (per
+        objective: a tuple with two objectives)."""
+        values = tuple(self._penalty_of(worst) for worst in self._worst)
+        return values[0] if self.objectives == 1 else values
+
+    def _penalty_of(self, worst: float | None) -> float:
+        if worst is None:
             return self.no_finite_penalty
-        return 10 * self._worst if self._worst > 0 else self._worst + 10 * max(1.0, abs(self._worst))
+        return 10 * worst if worst > 0 else worst + 10 * max(1.0, abs(worst))
 
     def _close(self, trial: Any, point: Mapping[str, Any], value: float | None, status: str) -> None:
         told = self.penalty() if value is None else value
         try:
             trial.set_user_attr("kernelforge", status)
-            trial.set_user_attr("value", value)
-            self.study.tell(trial, told)
+            trial.set_user_attr("value", list(value) if isinstance(value, tuple) else value)
+            self.study.tell(trial, list(told) if isinstance(told, tuple) else told)
         except self._optuna.exceptions.UpdateFinishedTrialError:
             # Failed as stale while it ran (this worker's heartbeats stopped for longer than the
             # grace period): keep the observation as a new completed trial.
@@ -215,13 +240,15 @@ class OptunaStrategy(Strategy):
         self._beats.drop(trial.number)
         self._seen_trials.add(trial.number)
 
-    def _add(self, point: Mapping[str, Any], value: float | None, status: str) -> None:
+    def _add(self, point: Mapping[str, Any], value: Any, status: str) -> None:
+        told = self.penalty() if value is None else value
+        given = {"values": list(told)} if isinstance(told, tuple) else {"value": told}
         self.study.add_trial(
             self._optuna.trial.create_trial(
                 params=self._encode(point),
                 distributions=self._distributions(),
-                value=self.penalty() if value is None else value,
-                user_attrs={"kernelforge": status, "value": value},
+                user_attrs={"kernelforge": status, "value": list(value) if isinstance(value, tuple) else value},
+                **given,
             )
         )
 
@@ -245,7 +272,8 @@ class OptunaStrategy(Strategy):
             point = self._suggest(trial)
             key = self.key(point)
             if not self.space.contains(point):
-                self.study.tell(trial, self.penalty())  # not a point of the space: no user attrs needed
+                penalty = self.penalty()  # not a point of the space: no user attrs needed
+                self.study.tell(trial, list(penalty) if isinstance(penalty, tuple) else penalty)
                 self._seen_trials.add(trial.number)
             elif key in self.known:
                 self._close(trial, point, self.known[key], "duplicate")
@@ -305,7 +333,11 @@ class OptunaStrategy(Strategy):
         left = [k for k in map(self.key, self.space.points()) if k not in self.known and k not in self.pending]
         return self._rng.choice(left) if left else None
 
-    def tell(self, point: Mapping, value: float | None) -> None:
+    def tell(self, point: Mapping, value: Any) -> None:
+        """As :meth:`Strategy.tell`; with two objectives ``value`` is a (time, energy) pair."""
+        arity = len(value) if isinstance(value, (tuple, list)) else 1
+        if value is not None and arity != self.objectives:
+            raise ValueError(f"{self.name} minimises {self.objectives} objective(s); told {value!r}")
         recorded = self._record(point, value)
         if recorded is None:
             return
@@ -339,50 +371,3 @@ def _choices(values: tuple[Any, ...]) -> tuple[list[Any], dict[Any, Any] | None]
         return list(values), None
     choices = [repr(v) for v in values]
     return choices, dict(zip(choices, values))
-
-
-def _make_sampler(optuna: Any, sampler: str, seed: int, space: Space, choices: Any, options: dict) -> Any:
-    samplers = optuna.samplers
-    if sampler == "tpe":
-        # Measured on the recorded pnpoly space (strategy_bench, budget 200, evaluations until
-        # within 1% of the optimum; random search needs ~512 on average):
-        # - multivariate=True: median 46.5, mean 51, worst 119 over 60 seeds; independent TPE:
-        #   median 57.5, mean 70, worst 174, and 5x more proposals wasted on told points (338
-        #   vs 67 per run, 5x the CPU time).
-        # - constant_liar=True: with 16 asks outstanding, mean 61 / worst 110 vs 73 / 185
-        #   without, and 67 vs 299 wasted proposals (without it, concurrent asks pile onto the
-        #   same point); with 4 outstanding no difference.
-        # - n_startup_trials: 5 was better on seeds 0-29 (median 46.5 vs 63) and worse on seeds
-        #   30-89 (57 vs 46.5); 20 gave 59.5 on seeds 0-29: no consistent gain over the default 10.
-        kwargs = dict(seed=seed, multivariate=True, constant_liar=True)
-        kwargs.update(options)
-        return samplers.TPESampler(**kwargs)
-    if sampler == "random":
-        return samplers.RandomSampler(seed=seed, **options)
-    if sampler == "gp":
-        _require("scipy", "the 'gp' strategy (Optuna's GPSampler)")
-        _require("torch", "the 'gp' strategy (Optuna's GPSampler)")
-        return samplers.GPSampler(seed=seed, **options)
-    if sampler == "cmaes":
-        _require("cmaes", "the 'cmaes' strategy (Optuna's CmaEsSampler)")
-        return samplers.CmaEsSampler(seed=seed, **options)
-    if sampler == "nsga2":
-        return samplers.NSGAIISampler(seed=seed, **options)
-    if sampler == "grid":
-        grid = {name: choices[name][0] for name, _ in space.params}
-
-        class AskTellGridSampler(samplers.GridSampler):
-            def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
-                # GridSampler calls study.stop() once the grid is covered, which raises outside
-                # study.optimize(); OptunaStrategy.ask() detects exhaustion itself.
-                pass
-
-        return AskTellGridSampler(grid, seed=seed, **options)
-    raise AssertionError(sampler)
-
-
-def _require(module: str, what: str) -> None:
-    if importlib.util.find_spec(module) is None:
-        extra = {"scipy": "gp", "cmaes": "cmaes"}.get(module)  # pyproject.toml's optional extras
-        raise UserError(f"{what} needs the Python package '{module}', which is not installed; pip install "
-                        + (f"'kernelforge[{extra}]'" if extra else module))
