@@ -164,3 +164,32 @@ def test_toy_report_screens(toy, tmp_path):
                     "Model-level projection (TTFT / TBT)", "Device and versions"):
         assert heading in text, heading
     assert "not yet confirmed" in text or "within noise" in text or "confirmed faster" in text
+
+
+@pytest.mark.interpreter
+def test_demo_report_screens(tmp_path):
+    """The demo job's own report (search/demo.toml, every block, a budget of 2 evaluations so CI
+    can afford it) in headless Chromium: every section, no clipped label, one banner."""
+    from kernelforge.catalog import Catalog
+    from kernelforge.report.write import write_report
+    from kernelforge.search.loop import Search
+    from kernelforge.search.progress import Progress
+    from kernelforge.store.store import Store
+
+    catalog = Catalog.discover()
+    job = load_job(ROOT / "search" / "demo.toml", catalog)
+    job = dataclasses.replace(job, strategy=dataclasses.replace(job.strategy, evaluations=2),
+                              storage=f"sqlite:///{tmp_path / 'demo.db'}")
+    store = Store(job.storage_url)
+    Search(job, catalog, store, Progress(), compile_enabled=False).run()
+    write_report(job, catalog, store, tmp_path / "report")
+    result, dom = _measured(tmp_path / "report" / "index.html", tmp_path)
+    assert result["bad"] == [], result["bad"]
+    assert result["texts"] > 0 and result["boxes"] > 0
+    assert len(re.findall(r'<div class="banner ', dom)) == 1
+    text = _text(dom)
+    for heading in ("Summary", *(b.id for b in job.blocks), "Parameter importance and searched space",
+                    "Model-level projection (TTFT / TBT)", "Device and versions"):
+        assert heading in text, heading
+    # The MoE block's default-versus-tuned table and the energy note are on its page.
+    assert "energy was not measurable" in text

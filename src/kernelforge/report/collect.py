@@ -17,7 +17,7 @@ import difflib
 from collections import Counter
 from typing import Any, Sequence
 
-from kernelforge.block import Block, Shape
+from kernelforge.block import Shape
 from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
 from kernelforge.devices.hardware import Ceilings, assess, ceilings_for, timed_device_name
@@ -132,7 +132,7 @@ def _collect_block(job: Job, catalog: Catalog, store: Store, spec: BlockSpec,
         roofline=_roofline_meta(env, ceilings),
         suspects=_suspects(table, ceilings), baselines=baseline_sources(baselines),
         library=tuple(library_lines(store, block.id, shapes, job.dtype, env_key).values()),  # issue 11
-        pareto=block_fronts([("all", shapes)], table, env),  # issue 16: one front over the block's shapes
+        pareto=block_fronts([("all", shapes)], table, env),  # one front over the block's shapes
     )
 
 

@@ -76,7 +76,7 @@ def _env() -> Environment:
                        joules=fmt_joules)
     env.globals.update(roofline_cells=roofline_cells, origin_colour=svg.origin_colour, env_title=env_title,
                        baselines_text=baselines_text, baseline_ref=baseline_ref)
-    env.globals.update(moe_tables=moe_tables)  # issue 16: _moe_table.html.j2
+    env.globals.update(moe_tables=moe_tables)  # for _moe_table.html.j2
     return env
 
 

@@ -81,8 +81,8 @@ def _block_markdown(block: BlockReport) -> list[str]:
             f"{confirmed} | {winner} | {params_text(row.params)} |"
         )
     lines.extend(_library_markdown(block))  # issue 11: the library reference line
-    lines.extend(moe_markdown(block))  # issue 16: default versus tuned per token count
-    lines.extend(front_markdown(block.pareto))  # issue 16: the time-energy Pareto front
+    lines.extend(moe_markdown(block))  # default versus tuned per token count
+    lines.extend(front_markdown(block.pareto))  # the time-energy Pareto front
     labels = sorted({r.timing_label for r in block.shapes if r.timing_label})
     if labels:
         lines.append("")

@@ -226,7 +226,7 @@ class BlockReport:
     baselines: tuple[BaselineSource, ...] = ()
     # issue 11 (library reference, kernelforge.search.library): the fastest library result per shape.
     library: tuple[LibraryLine, ...] = ()
-    # issue 16: the time-energy Pareto front per shape group (kernelforge.report.pareto).
+    # the time-energy Pareto front per shape group (kernelforge.report.pareto).
     pareto: tuple[ParetoFront, ...] = ()
 
 
@@ -333,7 +333,7 @@ class Report:
     projection: ProjectionReport | None = None
     llm: LLMSection | None = None  # the LLM generator's calls, prompts and lineage (None: no calls)
     dashboard: str | None = None  # the shell command that opens the job's Optuna studies
-    objective: str = "time"  # issue 16: [job] objective (time, energy or time-energy)
+    objective: str = "time"  # [job] objective (time, energy or time-energy)
 
     def block(self, block_id: str) -> BlockReport | None:
         """The block ``block_id`` of this report, or None."""

@@ -60,7 +60,7 @@ def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
     return ticks
 
 
-CHAR_PX = 7.0  # a generous width of one character at 12px: labels are cut to stay inside the chart
+CHAR_PX = 8.0  # a generous width of one character at 12px (sans-serif renders 6-7.5): labels are cut to stay inside the chart
 
 
 def fit(text: str, px: float, char_px: float = CHAR_PX) -> str:
@@ -87,7 +87,7 @@ def speedup_bars(rows: Sequence[tuple[str, float | None, float | None, float | N
 
     ``rows``: (label, speedup, p20, p80, colour); a None speedup draws "no result".
     """
-    label_w = min(300, 12 + 7 * max((len(r[0]) for r in rows), default=10))
+    label_w = min(300, 16 + CHAR_PX * max((len(r[0]) for r in rows), default=10))
     bar_h, gap, top, bottom = 22, 8, 30, 40
     height = top + bottom + len(rows) * (bar_h + gap)
     plot_w = width - label_w - 70
@@ -280,7 +280,7 @@ def grouped_bars(labels: Sequence[str], series: Sequence[tuple[str, str, Sequenc
 
     ``series``: (name, colour, values aligned with ``labels``).
     """
-    label_w = min(300, 12 + 7 * max((len(label) for label in labels), default=10))
+    label_w = min(300, 16 + CHAR_PX * max((len(label) for label in labels), default=10))
     bar_h, gap, top, bottom = 14, 10, 40, 34
     group_h = bar_h * len(series) + gap
     height = top + bottom + len(labels) * group_h
