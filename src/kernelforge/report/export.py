@@ -27,7 +27,7 @@ from kernelforge.catalog import Catalog
 from kernelforge.errors import UserError
 from kernelforge.job import Job
 from kernelforge.report.collect import collect
-from kernelforge.report.export_entry import ExportEntry, provenance
+from kernelforge.report.export_entry import ExportEntry, provenance, slug, winner_files
 from kernelforge.report.export_triton import triton_modules
 from kernelforge.report.export_vllm import (GEMM2_KEYS, VLLM_KEYS, Layout, vllm_configs, vllm_device_name,
                                             vllm_file_name)
@@ -40,26 +40,12 @@ FORMATS = ("vllm", "triton", "source")
 __all__ = ["FORMATS", "GEMM2_KEYS", "VLLM_KEYS", "ExportEntry", "Layout", "export", "slug", "source_files",
            "triton_modules", "vllm_configs", "vllm_device_name", "vllm_file_name"]
 
-def slug(block_id: str) -> str:
-    """A Python module name for a block id ("moe/gpt_oss_experts" -> "moe_gpt_oss_experts")."""
-    return "".join(c if c.isalnum() else "_" for c in block_id)
-
-
 def source_files(data: Report, store: Store) -> tuple[dict[str, str], list[ExportEntry]]:
     """File name -> rendered source of every distinct winner (the baseline where nothing beat it)."""
     files: dict[str, str] = {}
     entries: list[ExportEntry] = []
     for block in data.blocks:
-        for r in block.shapes:
-            if r.best_s is None:
-                continue
-            name = f"{slug(block.block)}__{r.winner}.py"
-            if name not in files:
-                cand = store.candidate(r.winner)
-                if cand is None:
-                    continue
-                files[name] = cand.source
-            entries.append(provenance(name, block.block, r))
+        entries.extend(provenance(name, block.block, r) for r, name in winner_files(block, store, files))
     if not files:
         raise UserError(f"job {data.job}: no timed winner stored; run the search first")
     return files, entries

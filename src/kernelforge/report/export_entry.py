@@ -1,11 +1,14 @@
-"""The provenance record of one exported (block, shape): :class:`ExportEntry` and :func:`provenance`."""
+"""What every export format shares: the provenance record of one exported (block, shape)
+(:class:`ExportEntry`, :func:`provenance`), module names of blocks (:func:`slug`) and the files of
+a block's distinct winners (:func:`winner_files`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from kernelforge.report.records import ShapeRow
+from kernelforge.report.records import BlockReport, ShapeRow
+from kernelforge.store.store import Store
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,3 +42,26 @@ def provenance(file: str, block: str, row: ShapeRow, token_count: str | None = N
                        speedup_p20=row.speedup_p20, speedup_p80=row.speedup_p80, confirmed=row.confirmed,
                        significant=row.significant, params=row.params, baseline=row.baseline,
                        baseline_source=row.baseline_source, baseline_params=row.baseline_params)
+
+
+def slug(block_id: str) -> str:
+    """A Python module name for a block id ("moe/gpt_oss_experts" -> "moe_gpt_oss_experts")."""
+    return "".join(c if c.isalnum() else "_" for c in block_id)
+
+
+def winner_files(block: BlockReport, store: Store, files: dict[str, str]) -> list[tuple[ShapeRow, str]]:
+    """Each timed shape of ``block`` whose winner's source is stored, with the file holding that
+    source (``<block slug>__<candidate id>.py``); every distinct winner's source is added to
+    ``files`` (file name -> source) once."""
+    out = []
+    for row in block.shapes:
+        if row.best_s is None:
+            continue
+        name = f"{slug(block.block)}__{row.winner}.py"
+        if name not in files:
+            cand = store.candidate(row.winner)
+            if cand is None:
+                continue
+            files[name] = cand.source
+        out.append((row, name))
+    return out

@@ -31,17 +31,13 @@ from kernelforge.block import DTYPES, Block
 from kernelforge.catalog import Catalog
 from kernelforge.errors import UserError
 from kernelforge.execute.contract import allocate
-from kernelforge.report.export_entry import ExportEntry, provenance
+from kernelforge.report.export_entry import ExportEntry, provenance, slug, winner_files
 from kernelforge.report.records import Report, ShapeRow
 from kernelforge.store.store import Store
 
 #: The names a block's token dimension goes by, in the order they are looked for: MoE blocks' T
 #: (or tokens / M), attention decode's batch B (one token per sequence).
 TOKEN_DIMS = ("T", "tokens", "TOKENS", "num_tokens", "M", "B")
-
-
-def _slug(block_id: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in block_id)
 
 
 def config_expr(params: dict[str, Any], module: str = "triton") -> str:
@@ -222,24 +218,14 @@ def triton_modules(data: Report, store: Store,
     files: dict[str, str] = {}
     entries: list[ExportEntry] = []
     for block in data.blocks:
-        rows, modules = [], {}
-        for r in block.shapes:
-            if r.best_s is None:
-                continue
-            name = f"{_slug(block.block)}__{r.winner}.py"
-            if name not in files:
-                cand = store.candidate(r.winner)
-                if cand is None:
-                    continue
-                files[name] = cand.source
-            rows.append(r)
-            modules[r.shape] = name
+        found = winner_files(block, store, files)
+        rows, modules = [r for r, _ in found], {r.shape: name for r, name in found}
         if not rows:
             continue
         layout: tuple[tuple[str, ...], dict[str, tuple[str, int | None]]] = ((), {})
         if catalog is not None:
             layout = argument_layout(catalog.block(block.block), data.dtype)
-        dispatcher = f"{_slug(block.block)}.py"
+        dispatcher = f"{slug(block.block)}.py"
         files[dispatcher] = dispatcher_text(data, block.block, rows, modules, layout)
         entries.extend(provenance(dispatcher, block.block, r) for r in rows)
     if not files:

@@ -19,16 +19,16 @@ Prompts and answers are stored redacted; they are redacted again here and cut to
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Protocol, Sequence
 
 from kernelforge.llm.lineage import HUMAN, LineageNode, lineage
 from kernelforge.redact import redact, redact_url
+from kernelforge.store.llm_stats import ModelStats
 
 if TYPE_CHECKING:
     from kernelforge.job import Job
     from kernelforge.llm_spec import ModelSpec
-    from kernelforge.store.llm_stats import ModelStats
     from kernelforge.store.records import LLMCall
     from kernelforge.store.store import Store
 
@@ -69,27 +69,14 @@ class ShownText:
 
 
 @dataclass(frozen=True)
-class LLMModelRow:
-    """One model (at one endpoint, URL redacted) of the job's live calls: requests (final attempts),
-    HTTP attempts, tokens, the median latency of an attempt in seconds, the outcome of each request
-    (``(kind, count)`` pairs, most frequent first; ``pending``: not judged yet) and, when the job
-    file prices it, the prices and the estimated cost in USD."""
+class LLMModelRow(ModelStats):
+    """One model's statistics (:class:`~kernelforge.store.llm_stats.ModelStats`: requests, attempts,
+    tokens, median latency, outcomes; URL redacted) and, when the job file prices it, the prices
+    and the estimated cost in USD."""
 
-    model: str
-    base_url: str
-    requests: int
-    attempts: int
-    prompt_tokens: int
-    completion_tokens: int
-    median_latency_s: float | None
-    outcomes: tuple[tuple[str, int], ...]
     price_in_per_mtok: float | None = None
     price_out_per_mtok: float | None = None
     cost_usd: float | None = None
-
-    @property
-    def tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
 
 
 @dataclass(frozen=True)
@@ -197,10 +184,7 @@ def model_row(stats: "ModelStats", spec: "ModelSpec | None") -> LLMModelRow:
     cost = None
     if price_in is not None and price_out is not None:
         cost = (stats.prompt_tokens * price_in + stats.completion_tokens * price_out) / 1e6
-    return LLMModelRow(model=stats.model, base_url=stats.base_url, requests=stats.requests, attempts=stats.attempts,
-                       prompt_tokens=stats.prompt_tokens, completion_tokens=stats.completion_tokens,
-                       median_latency_s=stats.median_latency_s, outcomes=stats.outcomes,
-                       price_in_per_mtok=price_in, price_out_per_mtok=price_out, cost_usd=cost)
+    return LLMModelRow(**asdict(stats), price_in_per_mtok=price_in, price_out_per_mtok=price_out, cost_usd=cost)
 
 
 def template_speedups(blocks: Iterable[ReportedBlock]) -> dict[str, dict[str, float]]:
