@@ -143,8 +143,11 @@ def test_two_workers_cooperate_on_the_budget(tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     evaluated = [e for e in _events(proc.stdout) if e["event"] == "evaluated" and e["status"] != "resumed"]
-    assert len(evaluated) == 4  # the budget, spent exactly, by both
-    assert {e["worker"] for e in evaluated} == {"w1", "w2"}
+    assert len(evaluated) == 4  # the budget, spent exactly
+    # Both workers ran the job; how the 4 evaluations split between them is the scheduler's (on a
+    # loaded host w2 may start after w1 has claimed all 4).
+    assert {e["worker"] for e in _events(proc.stdout) if e["event"] == "start"} == {"w1", "w2"}
+    assert {e["worker"] for e in evaluated} <= {"w1", "w2"}
     assert len({e["candidate"] for e in evaluated}) == 4  # nothing evaluated twice
     rows = _stored(db)
     assert len(rows) == len(set(rows)) == (4 + 1) * 3  # the baseline and 4 candidates, 3 shapes each
