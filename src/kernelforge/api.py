@@ -25,7 +25,7 @@ from kernelforge.catalog import Catalog, default_kernels_root
 from kernelforge.errors import UserError
 from kernelforge.execute.contract import Outputs, allocate
 from kernelforge.execute.policy import check_source
-from kernelforge.job import Job, load_job, require_llm_endpoint
+from kernelforge.job import Job, job_path, load_job, require_llm_endpoint
 from kernelforge.redact import redact_url, register_url
 from kernelforge.report.collect import collect
 from kernelforge.report.records import Report
@@ -53,8 +53,6 @@ def open_job(job: str | Path | Job, *, storage: str | None = None, evaluations: 
     order). Nothing is read from or written to the storage."""
     catalog = catalog or default_catalog()
     if not isinstance(job, Job):
-        from kernelforge.cli.common import job_path  # job names resolve as the command line's do
-
         job = load_job(job_path(str(job)), catalog)
     if storage is not None:
         if not isinstance(storage, str) or not storage:

@@ -298,3 +298,37 @@ def _check_block(where: str, catalog, block_id: str, shapes: str, templates: lis
     for name in templates:
         if name not in known:
             raise UserError(f"{where} templates: {block_id} has no template {name!r}; it has {', '.join(sorted(known))}")
+
+
+#: Where job files live, relative to the working directory (as reports/ is).
+JOBS_DIR = Path("search")
+
+
+def known_jobs() -> dict[str, Path]:
+    """Job name -> job file, for every ``search/*.toml`` (the name is ``[job] name``, else the stem)."""
+    found: dict[str, Path] = {}
+    for path in sorted(JOBS_DIR.glob("*.toml")):
+        try:
+            raw = tomllib.loads(path.read_text(encoding="utf-8"))
+            name = raw.get("job", {}).get("name", path.stem)
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, AttributeError):
+            name = path.stem  # a broken file still counts under its stem; loading it says what is wrong
+        found.setdefault(str(name), path)
+    return found
+
+
+def job_path(name_or_path: str) -> Path:
+    """The job file ``name_or_path`` means: a path to a file, ``search/<name>.toml``, or the job
+    under ``search/`` whose ``[job] name`` it is."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    named = JOBS_DIR / f"{name_or_path}.toml"
+    if named.is_file():
+        return named
+    jobs = known_jobs()
+    if name_or_path in jobs:
+        return jobs[name_or_path]
+    listing = ", ".join(jobs) if jobs else f"none (no {JOBS_DIR}/*.toml here)"
+    raise UserError(f"{name_or_path}: no such job file or job name; give a path to a job file, or one of the jobs "
+                    f"under {JOBS_DIR}/: {listing}")

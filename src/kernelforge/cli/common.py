@@ -7,18 +7,12 @@ Every helper raises :class:`kernelforge.errors.UserError` for a user's mistake; 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any
 
 import click
 from rich.console import Console
 
 from kernelforge.errors import UserError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
 
 # Logs and CI are not terminals: give tables room instead of rich's 80-column default.
 _WIDTH = None if sys.stdout.isatty() else 160
@@ -55,46 +49,12 @@ def dtype_of(name: str):
     return DTYPES[name]
 
 
-#: Where job files live, relative to the working directory (as reports/ is).
-JOBS_DIR = Path("search")
-
-
-def known_jobs() -> dict[str, Path]:
-    """Job name -> job file, for every ``search/*.toml`` (the name is ``[job] name``, else the stem)."""
-    found: dict[str, Path] = {}
-    for path in sorted(JOBS_DIR.glob("*.toml")):
-        try:
-            raw = tomllib.loads(path.read_text(encoding="utf-8"))
-            name = raw.get("job", {}).get("name", path.stem)
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, AttributeError):
-            name = path.stem  # a broken file still counts under its stem; loading it says what is wrong
-        found.setdefault(str(name), path)
-    return found
-
-
-def job_path(name_or_path: str) -> Path:
-    """The job file ``name_or_path`` means: a path to a file, ``search/<name>.toml``, or the job
-    under ``search/`` whose ``[job] name`` it is."""
-    path = Path(name_or_path)
-    if path.is_file():
-        return path
-    named = JOBS_DIR / f"{name_or_path}.toml"
-    if named.is_file():
-        return named
-    jobs = known_jobs()
-    if name_or_path in jobs:
-        return jobs[name_or_path]
-    listing = ", ".join(jobs) if jobs else f"none (no {JOBS_DIR}/*.toml here)"
-    raise UserError(f"{name_or_path}: no such job file or job name; give a path to a job file, or one of the jobs "
-                    f"under {JOBS_DIR}/: {listing}")
-
-
 def load_job(ctx: click.Context, job_file: str, storage: str | None):
-    """(job, catalog) for ``job_file`` (a job file or a job name, see :func:`job_path`), with
+    """(job, catalog) for ``job_file`` (a job file or a job name, see :func:`kernelforge.job.job_path`), with
     ``--storage`` overriding the job's storage URL (its password registered with the redactor)."""
     from dataclasses import replace
 
-    from kernelforge.job import load_job as load
+    from kernelforge.job import job_path, load_job as load
     from kernelforge.redact import register_url
 
     register_url(storage)
