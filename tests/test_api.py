@@ -4,7 +4,6 @@ input, and the errors of load_winner."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import tempfile
@@ -17,13 +16,10 @@ import kernelforge
 from kernelforge import api
 from kernelforge.errors import UserError
 from kernelforge.store.store import Store
+import kf_synthetic_store as synthetic  # tests/fixtures (pytest pythonpath)
 
 ROOT = Path(__file__).resolve().parents[1]
 MARK = "<!-- api-example"
-
-_spec = importlib.util.spec_from_file_location("kf_synthetic_store", ROOT / "tests" / "fixtures" / "kf_synthetic_store.py")
-synthetic = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(synthetic)
 
 
 def readme_example() -> str:

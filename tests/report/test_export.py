@@ -19,14 +19,12 @@ from kernelforge.search.progress import Progress
 from kernelforge.report.collect import collect
 from kernelforge.search.loop import Search
 from kernelforge.store.store import Store
+import kf_synthetic_store as synthetic  # tests/fixtures (pytest pythonpath)
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS = ROOT / "kernels"
 PRESET_TOKENS = (1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
-_spec = importlib.util.spec_from_file_location("kf_synthetic_store", ROOT / "tests" / "fixtures" / "kf_synthetic_store.py")
-synthetic = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(synthetic)
 
 # The smallest real MoE search: one smoke shape (T 8, E 4, I 128), tuned per shape like vLLM, one
 # evaluation beyond the baseline. (The whole smoke set takes about 50 s in the interpreter here.)

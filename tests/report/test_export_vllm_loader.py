@@ -16,7 +16,6 @@ loaders do with a config folder, so a file they would not find or not parse fail
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -26,14 +25,11 @@ from click.testing import CliRunner
 from kernelforge.catalog import Catalog
 from kernelforge.cli.main import main
 from kernelforge.report.export_vllm import sglang_device_name, vllm_device_name
+import kf_synthetic_store as synthetic  # tests/fixtures (pytest pythonpath)
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS = ROOT / "kernels"
 FIELDS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
-
-_spec = importlib.util.spec_from_file_location("kf_synthetic_store", ROOT / "tests" / "fixtures" / "kf_synthetic_store.py")
-synthetic = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(synthetic)
 
 
 def vllm_name(E: int, N: int, torch_device_name: str, dtype: str | None) -> str:

@@ -3,7 +3,6 @@ the stored H200 search: each row's times are the stored baseline and winner of t
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 from kernelforge.catalog import Catalog
@@ -14,12 +13,10 @@ from kernelforge.report.html import render_html
 from kernelforge.report.markdown import to_markdown
 from kernelforge.report.moe_table import moe_tables
 from kernelforge.store.store import Store
+import kf_synthetic_store as synthetic  # tests/fixtures (pytest pythonpath)
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS = ROOT / "kernels"
-_spec = importlib.util.spec_from_file_location("kf_synthetic_store", ROOT / "tests" / "fixtures" / "kf_synthetic_store.py")
-synthetic = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(synthetic)
 
 
 def test_default_versus_tuned_per_token_count(tmp_path):

@@ -8,167 +8,30 @@ candidate measured after it), and GPT-OSS rows "measured on an H200" written thr
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
 import re
-import shutil
-import struct
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from kernelforge.block import DTYPES
-from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
 from kernelforge.cli.main import main
-from kernelforge.devices.registry import get_device
-from kernelforge.execute.evaluate import evaluate
 from kernelforge.devices.hardware import ceilings_for
 from kernelforge.job import load_job
-from kernelforge.search.progress import Progress
 from kernelforge.report.markdown import to_markdown
 from kernelforge.report.records import BlockReport, Report
 from kernelforge.report.write import write_report
-from kernelforge.search.loop import Search
-from kernelforge.result import StoredResult, env_key
 from kernelforge.store.store import Store
+import kf_synthetic_store as synthetic  # tests/fixtures (pytest pythonpath)
+from kf_headless import dom_text, render_in_browser
 
 ROOT = Path(__file__).resolve().parents[2]
-FIXTURES = ROOT / "tests" / "fixtures" / "kernels"
 KERNELS = ROOT / "kernels"
-
-_spec = importlib.util.spec_from_file_location("kf_synthetic_store", ROOT / "tests" / "fixtures" / "kf_synthetic_store.py")
-synthetic = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(synthetic)
-
-TOY_JOB = """
-[job]
-name = "toyreport"
-device = "interpret"
-target = "sm_90"
-dtype = "float16"
-tune = "all-shapes"
-seed = 1
-storage = "sqlite:///{db}"
-
-[strategy]
-name = "tpe"
-evaluations = 4
-
-[[blocks]]
-id = "toy/axpy"
-shapes = "check"
-"""
 
 SECTIONS = ("Summary", "Speedup over the human baseline", "Candidates by origin and status", "Search progress",
             "Candidates", "Winning source against the baseline", "Roofline", "Compile resources",
             "Model-level projection (TTFT / TBT)", "Device and versions")
 
-
-# -- fixtures -------------------------------------------------------------------------------------
-
-def _add_llm_candidate(job, catalog, store, parent: str) -> Candidate:
-    """An LLM-written rewrite of the toy kernel (operands swapped: same math), measured for real in
-    the interpreter and stored with its origin and parent, as the LLM generator stores them."""
-    template = catalog.baseline("toy/axpy")
-    base = Candidate.from_template(template)
-    source = base.source.replace("(alpha * x + y)", "(y + alpha * x)")
-    assert source != base.source
-    llm = Candidate("toy/axpy", "toy/axpy/llm_swap", base.params, source, origin="llm", parent=parent)
-    store.add_candidate(llm, job.name)
-    device = get_device("interpret")
-    device.prepare()
-    env = device.describe()
-    block = catalog.block("toy/axpy")
-    for ev in evaluate(block, source, block.shapes("check"), DTYPES[job.dtype], device):
-        t = ev.timing
-        store.add_result(StoredResult(
-            candidate_id=llm.id, block="toy/axpy", shape=ev.shape.name, dtype=job.dtype, device=env["device_name"],
-            env_key=env_key(env), status=ev.verification.status, rel_error=ev.verification.rel_error,
-            median_s=t.median_s if t else None, p20_s=t.p20_s if t else None, p80_s=t.p80_s if t else None,
-            samples=t.samples if t else None, timing_method=t.method if t else None, timing_label=t.label if t else None,
-            joules=None, flops=ev.counts.flops, bytes=ev.counts.bytes, message=ev.verification.message, env=env,
-            job=job.name, created=time.time()))
-    return llm
-
-
-@pytest.fixture
-def toy(tmp_path_factory):
-    """A real tpe search on the toy block (interpreter, compiled ahead of time for sm_90), one LLM
-    candidate after it, and the report written from the database."""
-    folder = tmp_path_factory.mktemp("toyreport")
-    path = folder / "toyreport.toml"
-    path.write_text(TOY_JOB.format(db=folder / "toy.db"))
-    catalog = Catalog.discover(FIXTURES)
-    job = load_job(path, catalog)
-    store = Store(job.storage_url)
-    Search(job, catalog, store, Progress(), compile_enabled=True).run()
-    baseline_id = Candidate.from_template(catalog.baseline("toy/axpy")).id
-    llm = _add_llm_candidate(job, catalog, store, parent=baseline_id)
-    report = write_report(job, catalog, store, folder / "report")
-    return {"folder": folder / "report", "md": report.read_text(), "job": job, "catalog": catalog, "store": store,
-            "data": json.loads((folder / "report" / "results.json").read_text()), "llm": llm,
-            "baseline": baseline_id, "path": path}
-
-
-@pytest.fixture(scope="module")
-def h200(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("h200report")
-    catalog = Catalog.discover(KERNELS)
-    path, expected = synthetic.build(folder, catalog)
-    job = load_job(path, catalog)
-    store = Store(job.storage_url, create=False)
-    report = write_report(job, catalog, store, folder / "report")
-    return {"folder": folder / "report", "md": report.read_text(), "expected": expected, "catalog": catalog,
-            "data": json.loads((folder / "report" / "results.json").read_text()), "store": store, "path": path,
-            "root": folder}
-
-
-# -- headless Chromium ------------------------------------------------------------------------------
-
-def _chromium() -> str:
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if not found:
-        pytest.skip("chromium is not installed; scripts/ensure_chromium.sh installs it (make test runs it)")
-    return found
-
-
-def _browse(page: Path, tmp: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           f"--user-data-dir={tmp / 'chromium-profile'}", *args, page.resolve().as_uri()]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "LANG": "C.UTF-8"})
-
-
-def _png_size(path: Path) -> tuple[int, int]:
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
-    return struct.unpack(">II", data[16:24])
-
-
-def render_in_browser(page: Path, tmp: Path) -> str:
-    """Screenshot the page (must be a real, non-blank PNG) and return the DOM as Chromium built it."""
-    shot = tmp / (page.stem + ".png")
-    done = _browse(page, tmp, f"--screenshot={shot}", "--window-size=1400,2000")
-    assert shot.exists(), done.stderr[-2000:]
-    assert _png_size(shot) == (1400, 2000)
-    # A blank 1400x2000 page compresses to about 13 KB; a page of tables and charts is far larger.
-    assert shot.stat().st_size > 60_000, f"screenshot {shot} is nearly blank ({shot.stat().st_size} bytes)"
-    dom = _browse(page, tmp, "--dump-dom")
-    assert dom.returncode == 0 and "</html>" in dom.stdout, dom.stderr[-2000:]
-    return dom.stdout
-
-
-def _text(dom: str) -> str:
-    """The DOM's text with tags removed (headings and banners as a reader sees them)."""
-    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", dom)).replace("&amp;", "&")
-
-
-# -- the toy search's report -----------------------------------------------------------------------
 
 def check_candidates_with_origin_and_parent(toy):
     md, store = toy["md"], toy["store"]
@@ -234,7 +97,7 @@ def check_html_self_contained_and_renders(toy, tmp_path):
     assert "<script" not in html and "<link" not in html and "src=" not in html and "@import" not in html
     assert set(re.findall(r"https?://[^\s\"')]+", html)) <= {"http://www.w3.org/2000/svg"}
     dom = render_in_browser(page, tmp_path)
-    text = _text(dom)
+    text = dom_text(dom)
     for heading in SECTIONS:
         assert heading in text, heading
     assert "Interpreter timings" in text and "measure no GPU" in text
@@ -318,7 +181,7 @@ def test_projection_in_the_report_matches_the_stored_times(h200):
 
 def test_h200_page_and_compare_page_render(h200, tmp_path, monkeypatch):
     dom = render_in_browser(h200["folder"] / "index.html", tmp_path)
-    text = _text(dom)
+    text = dom_text(dom)
     for heading in SECTIONS:
         assert heading in text, heading
     assert "H200 datasheet" in text and "H200 measured" in text  # the roofline chart's ceiling lines
@@ -343,7 +206,7 @@ def test_h200_page_and_compare_page_render(h200, tmp_path, monkeypatch):
     assert row.rstrip().endswith(f"| {ratio:.3f}x |")
     page = tmp_path / "reports" / "compare-h200-vs-h100.html"
     assert page.exists()
-    text = _text(render_in_browser(page, tmp_path))
+    text = dom_text(render_in_browser(page, tmp_path))
     assert "kernelforge comparison: h200 (A) vs h100 (B)" in text and "NVIDIA H100 80GB HBM3" in text
 
 

@@ -26,7 +26,7 @@ from kernelforge.store.llm_stats import ModelStats
 from kernelforge.store.store import Store
 from llm_server import FAST, Reply, ScriptedServer, fenced
 from llm_toy import BLOCK, FIXTURES, Recorder, run_llm_search, write_llm_job
-from test_report_html import render_in_browser
+from kf_headless import render_in_browser
 from toy_job import toy_job
 
 PRICE_IN, PRICE_OUT = 2.5, 10.0

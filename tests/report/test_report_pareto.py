@@ -4,7 +4,6 @@ that uses less energy, so the front has a real trade-off; and the note where ene
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
@@ -18,12 +17,10 @@ from kernelforge.report.markdown import to_markdown
 from kernelforge.report.pareto import block_fronts, pareto_front
 from kernelforge.result import Status, StoredResult, env_key, format_seconds
 from kernelforge.store.store import Store
+import kf_synthetic_store as synthetic  # tests/fixtures (pytest pythonpath)
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS = ROOT / "kernels"
-_spec = importlib.util.spec_from_file_location("kf_synthetic_store", ROOT / "tests" / "fixtures" / "kf_synthetic_store.py")
-synthetic = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(synthetic)
 
 BLOCK = "attention/gpt_oss_decode"
 

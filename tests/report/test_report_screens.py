@@ -4,18 +4,14 @@ against its box, writing what it found into the DOM (read back with --dump-dom).
 
 Pages: the synthetic H200 store (tests/fixtures/kf_synthetic_store.py) with the confirmation of
 two shapes set on the collected records (the fixture stores no confirmation pairs), and a real
-toy search in the interpreter (the `toy` fixture of test_report_html.py), for the banner.
+toy search in the interpreter (the `toy` fixture, conftest.py), for the banner.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
-import os
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -26,13 +22,9 @@ from kernelforge.report.html import render_html
 from kernelforge.report.markdown import to_markdown
 from kernelforge.report.records import Confirmation, Report
 from kernelforge.report.space_view import TOO_FEW, eta_squared, space_view
+from kf_headless import dom_after_scripts, dom_text, render_in_browser
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("kf_report_html_tests", Path(__file__).with_name("test_report_html.py"))
-pages = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(pages)
-h200 = pages.h200  # the fixtures, shared with test_report_html.py
-toy = pages.toy
 
 #: Run in the page: every svg <text>'s box (mapped into its svg's user space) against the viewBox,
 #: and every heading, summary and banner: no horizontal overflow. The result goes into the DOM.
@@ -68,31 +60,14 @@ window.addEventListener("load", function () {
 </script>"""
 
 
-def _dump_dom(page: Path, tmp: Path) -> subprocess.CompletedProcess:
-    """The DOM of ``page`` after its scripts ran (headless Chromium, as render_in_browser runs it)."""
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    if not browser:
-        pytest.skip("chromium is not installed; scripts/ensure_chromium.sh installs it (make test runs it)")
-    cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           f"--user-data-dir={tmp / 'chromium-profile'}", "--virtual-time-budget=5000",
-           "--run-all-compositor-stages-before-draw", "--window-size=1400,2000", "--dump-dom", page.resolve().as_uri()]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "LANG": "C.UTF-8"})
-
-
-def _text(dom: str) -> str:
-    """The DOM's text with tags removed."""
-    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", dom)).replace("&amp;", "&")
-
-
 def _measured(page: Path, tmp: Path) -> tuple[dict, str]:
     """Screenshot the page, then load a copy with the measuring script and return what it wrote
     and the text of the DOM."""
     html = page.read_text()
-    pages.render_in_browser(page, tmp)  # a real, non-blank screenshot of the shipped page
+    render_in_browser(page, tmp)  # a real, non-blank screenshot of the shipped page
     copy = tmp / ("measured-" + page.name)
     copy.write_text(html.replace("</body>", MEASURE + "\n</body>"))
-    done = _dump_dom(copy, tmp)
+    done = dom_after_scripts(copy, tmp)
     found = re.search(r'<pre id="kf-measure">(.*?)</pre>', done.stdout, re.S)
     assert found, done.stderr[-2000:]
     return json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&")), done.stdout
@@ -117,7 +92,7 @@ def test_h200_report_screens(h200, tmp_path):
     result, dom = _measured(page, tmp_path)
     assert result["texts"] > 50 and result["boxes"] > 10, result
     assert result["bad"] == [], result["bad"]
-    text = _text(dom)
+    text = dom_text(dom)
     for heading in ("Summary", *(b.block for b in report.blocks), "Parameter importance and searched space",
                     "Model-level projection (TTFT / TBT)", "Device and versions"):
         assert heading in text, heading
@@ -156,10 +131,10 @@ def test_toy_report_screens(toy, tmp_path):
     assert result["bad"] == [], result["bad"]
     # One interpreter banner at the top; the block and the projection carry only the short tag.
     assert len(re.findall(r'<div class="banner ', dom)) == 1
-    assert 'id="timing-banner-1"' in dom and "(interpreter timings)" in _text(dom)
-    assert _text(dom).count("measure no GPU") == 1
+    assert 'id="timing-banner-1"' in dom and "(interpreter timings)" in dom_text(dom)
+    assert dom_text(dom).count("measure no GPU") == 1
     assert re.search(r"<summary>Nothing projected: \d+ shapes missing</summary>", dom)
-    text = _text(dom)
+    text = dom_text(dom)
     for heading in ("Summary", "toy/axpy", "Parameter importance and searched space",
                     "Model-level projection (TTFT / TBT)", "Device and versions"):
         assert heading in text, heading
@@ -187,7 +162,7 @@ def test_demo_report_screens(tmp_path):
     assert result["bad"] == [], result["bad"]
     assert result["texts"] > 0 and result["boxes"] > 0
     assert len(re.findall(r'<div class="banner ', dom)) == 1
-    text = _text(dom)
+    text = dom_text(dom)
     for heading in ("Summary", *(b.id for b in job.blocks), "Parameter importance and searched space",
                     "Model-level projection (TTFT / TBT)", "Device and versions"):
         assert heading in text, heading
