@@ -20,6 +20,7 @@ from html import escape
 from typing import Any, Sequence
 
 from kernelforge.report.records import BlockReport, CandidateRow
+from kernelforge.report.svg import fit
 
 #: Below this many measured candidates no importance is computed.
 MIN_MEASURED = 4
@@ -114,12 +115,6 @@ def _colour(speedup: float, lo: float, hi: float) -> str:
     return "#%02x%02x%02x" % (round(r0 + (r1 - r0) * u), round(g0 + (g1 - g0) * u), round(b0 + (b1 - b0) * u))
 
 
-def _fit(text: str, px: float) -> str:
-    """``text`` cut (with an ellipsis) to about ``px`` pixels at 12px."""
-    most = max(1, int(px / CHAR_PX))
-    return text if len(text) <= most else text[:max(1, most - 1)] + "…"
-
-
 def importance_svg(view: SpaceView, width: int = 520) -> str:
     """Horizontal bars of each parameter's normalised importance ("" without scores)."""
     if not view.importance:
@@ -132,10 +127,10 @@ def importance_svg(view: SpaceView, width: int = 520) -> str:
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
            f'role="img" aria-label="{escape(title)}" style="{FONT};font-size:12px">', f"<title>{escape(title)}</title>",
            f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
-           f'<text x="8" y="16" font-weight="600">{escape(_fit(title, width - 20))}</text>']
+           f'<text x="8" y="16" font-weight="600">{escape(fit(title, width - 20, CHAR_PX))}</text>']
     for k, imp in enumerate(view.importance):
         y = top + k * (bar_h + gap)
-        out.append(f'<text x="{label_w - 8:.0f}" y="{y + 13}" text-anchor="end">{escape(_fit(imp.name, label_w - 12))}</text>')
+        out.append(f'<text x="{label_w - 8:.0f}" y="{y + 13}" text-anchor="end">{escape(fit(imp.name, label_w - 12, CHAR_PX))}</text>')
         out.append(f'<rect x="{label_w:.0f}" y="{y}" width="{max(0.5, plot_w * imp.share):.1f}" height="{bar_h}" '
                    f'fill="#2563eb" fill-opacity="0.75"><title>{escape(imp.name)}: {imp.share:.0%} '
                    f'(eta^2 {imp.eta2:.3f}, {imp.values} values)</title></rect>')
@@ -173,7 +168,7 @@ def parallel_svg(view: SpaceView, width: int = 900, height: int = 320) -> str:
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
            f'role="img" aria-label="{escape(title)}" style="{FONT};font-size:12px">', f"<title>{escape(title)}</title>",
            f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
-           f'<text x="8" y="16" font-weight="600">{escape(_fit(title, width - 20))}</text>']
+           f'<text x="8" y="16" font-weight="600">{escape(fit(title, width - 20, CHAR_PX))}</text>']
     ordered = sorted(view.measured, key=lambda c: c.id == view.winner)  # the winner drawn last, on top
     for c in ordered:
         pts = [(ax(i), y_param(n, c.params.get(n))) for i, n in enumerate(view.parameters)]
@@ -190,13 +185,13 @@ def parallel_svg(view: SpaceView, width: int = 900, height: int = 320) -> str:
         out.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + plot_h}" stroke="#6b7280"/>')
         anchor = "start" if i == 0 else "end" if i == len(axes) - 1 else "middle"
         out.append(f'<text x="{x:.1f}" y="{height - 10}" text-anchor="{anchor}" fill="#374151">'
-                   f'{escape(_fit(name, label_px))}</text>')
+                   f'{escape(fit(name, label_px, CHAR_PX))}</text>')
         ticks = ([(y_speed(math.exp(v)), f"{math.exp(v):.3g}x") for v in {lo, hi}] if name == "speedup"
                  else [(y_param(name, v), str(v)) for v in values[name]])
         for y, text in ticks:
             tick_anchor = "end" if i == len(axes) - 1 else "start"
             dx = -4 if i == len(axes) - 1 else 4
             out.append(f'<text x="{x + dx:.1f}" y="{y - 3:.1f}" text-anchor="{tick_anchor}" font-size="10" '
-                       f'fill="#374151">{escape(_fit(text, min(label_px, 90)))}</text>')
+                       f'fill="#374151">{escape(fit(text, min(label_px, 90), CHAR_PX))}</text>')
     out.append("</svg>")
     return "\n".join(out)
