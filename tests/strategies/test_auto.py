@@ -10,8 +10,9 @@ import statistics
 import numpy as np
 
 from kernelforge.space import Space
-from kernelforge.strategies.auto import AutoStrategy
+from kernelforge.strategies.auto import MEMBERS, AutoStrategy, member_odds
 from kernelforge.strategies.names import make_strategy
+from kernelforge.strategies.parzen import ParzenRatio
 from kernelforge.strategies.surrogate import Encoder, GaussianProcess, expected_improvement
 
 
@@ -139,3 +140,68 @@ def test_surrogate_learns_which_parameter_matters():
     assert mu[0] < mu[1] and (sd > 0).all()
     ei = expected_improvement(np.array([0.0, 1.0]), np.array([0.5, 0.5]), best=0.5)
     assert ei[0] > ei[1] > 0
+
+
+def power_of_two_space() -> Space:
+    return Space.build({"bx": list(range(16, 257, 16)), "t": [1, 2, 3, 4]}, [], where="test")
+
+
+def power_of_two_time(point) -> float:
+    """Fast at powers of two, eight times slower between them (as block sizes on some GPUs)."""
+    fast = point["bx"] & (point["bx"] - 1) == 0
+    return (1.0 if fast else 8.0) * (1.0 + 0.1 * point["t"])
+
+
+def test_value_by_value_groups_fit_what_no_smooth_rank_function_can():
+    space = Space.build({"bx": list(range(16, 257, 16)), "t": [1, 2, 3, 4], "u": [1, 2, 3, 4]}, [], where="test")
+    encoder = Encoder(space)
+    assert len(encoder.groups) == 6  # bx, t and u by rank, then each value by value
+    assert list(encoder.initial_log_lengths()) == [0.0] * 3 + [encoder.by_value_log_length] * 3
+
+    class RankOnly(Encoder):
+        by_value = 10 ** 9
+
+    def time(bx, t, u):
+        return power_of_two_time({"bx": bx, "t": t}) * (1.0 + 0.2 * abs(u - 2))
+
+    keys = [(bx, t, u) for bx in range(16, 257, 16) for t in (1, 2, 3, 4) for u in (1, 2, 3, 4)]
+    for seed in range(3):
+        order = np.random.default_rng(seed).permutation(len(keys))
+        told, held = [keys[i] for i in order[:60]], [keys[i] for i in order[60:]]
+        y, truth = np.log([time(*k) for k in told]), np.log([time(*k) for k in held])
+        errors = {}
+        for name, enc in (("by value", encoder), ("rank only", RankOnly(space))):
+            gp = GaussianProcess(enc)
+            gp.fit(enc.encode(told), y, refit=True, steps=80)
+            mu, _ = gp.predict(enc.encode(held))
+            errors[name] = float(np.abs(mu - truth).mean())
+        assert errors["by value"] < 0.5 * errors["rank only"], (seed, errors)
+
+
+def test_parzen_counts_a_rough_parameter_value_by_value():
+    space = power_of_two_space()
+    parzen = ParzenRatio(space)
+    points = [{"bx": bx, "t": t} for bx in range(16, 257, 16) for t in (1, 2, 3, 4)]
+    codes = np.array([[space.params[0][1].index(p["bx"]), space.params[1][1].index(p["t"])] for p in points])
+    rough = np.log([power_of_two_time(p) for p in points])
+    parzen.scores(codes, rough, np.zeros((0, 2), dtype=int), codes)
+    assert parzen.rough_params == {0}  # bx alternates; t is a smooth trend
+    smooth = np.log([1.0 + p["bx"] / 64 + 0.1 * p["t"] for p in points])
+    parzen.scores(codes, smooth, np.zeros((0, 2), dtype=int), codes)
+    assert parzen.rough_params == frozenset()
+    # Counted value by value, the neighbours of the fast values get no share of their credit.
+    parzen.scores(codes, rough, np.zeros((0, 2), dtype=int), codes)
+    score = parzen.scores(codes, rough, np.zeros((0, 2), dtype=int), codes)
+    fast = np.array([power_of_two_time(p) < 2 for p in points])
+    assert score[fast].min() > score[~fast].max()
+
+
+def test_member_odds_follow_the_rate_of_gain_not_the_number_of_tries():
+    even = member_odds([], floor=0.15)
+    assert set(even) == set(MEMBERS) and all(abs(v - 1 / len(MEMBERS)) < 1e-12 for v in even.values())
+    # gp gained 0.3 in one point of three; local gained 0.3 too, over 20 points of nothing else.
+    gains = [("gp", 0.3), ("gp", 0.0), ("gp", 0.0)] + [("local", 0.3)] + [("local", 0.0)] * 19
+    odds = member_odds(gains, floor=0.15)
+    assert abs(sum(odds.values()) - 1) < 1e-12
+    assert odds["gp"] > odds["local"] > odds["parzen"] > 0
+    assert odds["parzen"] == min(odds.values())  # the floor keeps a member that never gained alive

@@ -7,8 +7,9 @@ members expects the most:
 
 1. the baseline point(s) (and warm-start points), then ``start`` points drawn at random from the
    feasible set;
-2. then each ask goes to a member, drawn with odds that follow the members' recent gains (how
-   much their points improved the best over the last ``window`` tells; at least ``floor`` each):
+2. then each ask goes to a member, drawn with odds that follow the members' recent rates of gain
+   (how much their points improved the best, per point told, over the last ``window`` tells: a
+   member is not favoured for having been asked often; at least ``floor`` each):
 
    - ``gp``: a Gaussian process (:mod:`kernelforge.strategies.surrogate`) over the log-objective
      scores a pool of unseen feasible points (a random sample plus every one-parameter move from
@@ -16,7 +17,8 @@ members expects the most:
    - ``parzen``: the same pool scored by a per-parameter ratio of the best to the rest
      (:mod:`kernelforge.strategies.parzen`), robust where the GP smooths a needle away;
    - ``local``: the unseen one-parameter moves of the best point (then of the next best), the most
-     promising first: the move next to the optimum is never left untried because a model wrote it off;
+     promising by the GP's expected improvement first: the move next to the optimum is never left
+     untried because a model wrote it off;
 
 3. failures (told ``None``) and points found infeasible before the device ran them
    (:meth:`~kernelforge.strategies.base.Strategy.infeasible`) train a second GP on "it failed";
@@ -35,7 +37,7 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -178,15 +180,9 @@ class AutoStrategy(Strategy):
         return self.point(key)
 
     def _choose_member(self) -> str:
-        """The member that proposes this ask: drawn with odds that follow each member's gains
-        (how much its points improved the best) over the last ``window`` tells, never below
-        ``floor`` of the total for either, even odds before any gain."""
-        gains = {m: sum(g for who, g in self._gains if who == m) for m in MEMBERS}
-        total = sum(gains.values())
+        """The member that proposes this ask, drawn with :func:`member_odds`."""
         draw = self._rng.random()
-        for member in MEMBERS:
-            odds = 1 / len(MEMBERS) if total <= 0 else (
-                (self.floor * total + gains[member]) / ((1 + len(MEMBERS) * self.floor) * total))
+        for member, odds in member_odds(self._gains, self.floor).items():
             if draw < odds:
                 return member
             draw -= odds
@@ -209,17 +205,18 @@ class AutoStrategy(Strategy):
             y = np.minimum(y, np.median(y))
         best_keys = [ok[i] for i in np.argsort(y)[: self.parents]]
         failed = [k for k, v in self.known.items() if v is None]
+        believed = sorted(self.pending)
         if member == "local":
             # The unseen neighbours of the best point (else of the next best...), the most
-            # promising first by the Parzen ratio: a one-parameter move from the best is never
-            # left untried because a model wrote it off.
+            # promising first by expected improvement: a one-parameter move from the best is
+            # never left untried because a model wrote it off, only tried later.
             for parent in best_keys:
                 moves = self._moves(parent)
                 if moves:
-                    score = self._parzen.scores(self._codes(ok), y, self._codes(failed), self._codes(moves))
-                    return moves[int(np.argmax(score))], member
+                    self._condition(ok, y, believed)
+                    mu, sd = self._gp.predict(self._feature(moves))
+                    return moves[int(np.argmax(expected_improvement(mu, sd, float(y.min()))))], member
             member = "gp"
-        believed = sorted(self.pending)
         candidates: dict[Key, None] = {}
         for parent in best_keys:
             candidates.update(dict.fromkeys(self._moves(parent)))
@@ -307,3 +304,19 @@ class AutoStrategy(Strategy):
             return False
         self._queue.append(key)
         return True
+
+
+def member_odds(gains: Sequence[tuple[str, float]], floor: float) -> dict[str, float]:
+    """Each member's odds of proposing the next ask, from ``gains``: (member, how much a point it
+    proposed improved the best) for the recent tells. A member's rate is the sum of its gains over
+    one more than the number of its tells (a member is not favoured for having been asked often,
+    and one lucky tell counts for less than the same gain over several); the odds follow the rates,
+    with ``floor`` of the total added to every member; even odds while no member has gained."""
+    rates = {}
+    for m in MEMBERS:
+        mine = [g for who, g in gains if who == m]
+        rates[m] = sum(mine) / (len(mine) + 1)
+    total = sum(rates.values())
+    if total <= 0:
+        return {m: 1 / len(MEMBERS) for m in MEMBERS}
+    return {m: (floor * total + rates[m]) / ((1 + len(MEMBERS) * floor) * total) for m in MEMBERS}

@@ -2,10 +2,13 @@
 
 Points are encoded per parameter: a numeric parameter (ints and floats) as the rank of its value
 among the sorted values, scaled to [0, 1]; any other parameter (strings, booleans, tuples) as a
-one-hot block scaled so that two different values are at distance 1. The kernel is a Matérn 5/2
-with one lengthscale per parameter (automatic relevance determination: a parameter that does not
-matter gets a long lengthscale), fitted by maximising the log marginal likelihood with Adam on the
-log-hyperparameters and its analytic gradient (no scipy).
+one-hot block scaled so that two different values are at distance 1. A numeric parameter with at
+least four values gets a one-hot block too: block sizes are often fast at powers of two and slow
+between them (48, 80, 96 between 32, 64 and 128), which no smooth function of the rank fits. The
+kernel is a Matérn 5/2 with one lengthscale per column group (automatic relevance determination:
+a group that does not matter gets a long lengthscale, so the data decide whether a parameter acts
+smoothly in rank, value by value, or both), fitted by maximising the log marginal likelihood with
+Adam on the log-hyperparameters and its analytic gradient (no scipy).
 
 Kernel-tuning spaces are small (a few thousand to a few hundred thousand points) and the history
 short (tens to hundreds of evaluations), so an exact GP is cheap: a fit over 400 points takes a few
@@ -32,33 +35,61 @@ def is_numeric(values: Sequence[Any]) -> bool:
 
 
 class Encoder:
-    """Points of a space as feature rows; ``groups[p]`` lists the columns of parameter ``p``."""
+    """Points of a space as feature rows; ``groups[g]`` lists the columns of group ``g``: one group
+    per parameter (in order), then the value-by-value (one-hot) groups of numeric parameters with
+    at least ``by_value`` values; ``initial_log_lengths`` starts the latter long, so the smooth
+    reading of the rank is the prior and the data must show the value-by-value one."""
+
+    by_value = 4
+    #: The starting log-lengthscale of the value-by-value groups (e: such a group first counts
+    #: for little; the fit shortens it where the data show value-by-value effects).
+    by_value_log_length = 1.0
 
     def __init__(self, space: Space):
         self.space = space
         self.maps: list[dict[Any, np.ndarray]] = []
         self.groups: list[list[int]] = []
         column = 0
-        for _, values in space.params:
+        onehot: list[int] = []
+        for p, (_, values) in enumerate(space.params):
             if is_numeric(values) and len(values) > 1:
                 order = sorted(values)
                 scale = len(order) - 1
                 self.maps.append({v: np.array([order.index(v) / scale]) for v in values})
                 self.groups.append([column])
                 column += 1
+                if len(values) >= self.by_value:
+                    onehot.append(p)
             else:
                 width = len(values)
                 eye = np.eye(width) / math.sqrt(2.0)
                 self.maps.append({hashable(v): eye[i] for i, v in enumerate(values)})
                 self.groups.append(list(range(column, column + width)))
                 column += width
+        #: (parameter index, value -> one-hot row) of every value-by-value group, in group order.
+        self.by_values: list[tuple[int, dict[Any, np.ndarray]]] = []
+        for p in onehot:
+            values = space.params[p][1]
+            eye = np.eye(len(values)) / math.sqrt(2.0)
+            self.by_values.append((p, {v: eye[i] for i, v in enumerate(values)}))
+            self.groups.append(list(range(column, column + len(values))))
+            column += len(values)
         self.width = column
+
+    def initial_log_lengths(self) -> np.ndarray:
+        """The log-lengthscales a fit starts from: 0 per parameter, ``by_value_log_length`` for
+        the value-by-value groups."""
+        out = np.zeros(len(self.groups))
+        out[len(self.maps):] = self.by_value_log_length
+        return out
 
     def encode(self, keys: Sequence[tuple[Any, ...]]) -> np.ndarray:
         """Rows of features for point keys (values in parameter order)."""
         out = np.empty((len(keys), self.width))
         for row, key in enumerate(keys):
-            out[row] = np.concatenate([m[hashable(v)] for m, v in zip(self.maps, key)])
+            parts = [m[hashable(v)] for m, v in zip(self.maps, key)]
+            parts.extend(m[key[p]] for p, m in self.by_values)
+            out[row] = np.concatenate(parts)
         return out
 
 
@@ -90,7 +121,7 @@ class GaussianProcess:
     def __init__(self, encoder: Encoder):
         self.encoder = encoder
         self.groups = [np.array(g) for g in encoder.groups]
-        self.hyper = Hyper(np.zeros(len(self.groups)))
+        self.hyper = Hyper(encoder.initial_log_lengths())
         self.x = np.zeros((0, encoder.width))
         self.mean = 0.0
         self.scale = 1.0
