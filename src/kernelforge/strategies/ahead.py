@@ -13,8 +13,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Mapping
 
-from kernelforge.space import Space
-from kernelforge.strategies.base import Key, Strategy
+from kernelforge.strategies.base import Key, Strategy, Wrapper
 
 #: Strategies without a model of the history: their asks take microseconds, nothing to hide.
 MODEL_FREE = ("grid", "random")
@@ -28,7 +27,7 @@ def asks_ahead(name: str) -> bool:
     return name not in MODEL_FREE
 
 
-class AskAhead(Strategy):
+class AskAhead(Wrapper):
     """``inner`` with one proposal always computed ahead, in a background thread.
 
     Right after :meth:`ask` hands out a point it starts computing the next one (while the caller's
@@ -59,8 +58,7 @@ class AskAhead(Strategy):
     """
 
     def __init__(self, inner: Strategy):
-        # Not Strategy.__init__: the state is the inner strategy's, read through the properties.
-        self.inner = inner
+        super().__init__(inner)  # the state is the inner strategy's, read through the properties
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._ahead: Any = _NOTHING  # the proposal computed ahead: a point, or None
@@ -71,27 +69,7 @@ class AskAhead(Strategy):
             # Only then: the search tells strategies with ``enqueue`` from those without by getattr.
             self.enqueue = self._enqueue
 
-    # The inner strategy's identity and state -------------------------------------------------
-
-    @property
-    def name(self) -> str:  # type: ignore[override]
-        return self.inner.name
-
-    @property
-    def space(self) -> Space:  # type: ignore[override]
-        return self.inner.space
-
-    @property
-    def seed(self) -> int:  # type: ignore[override]
-        return self.inner.seed
-
-    @property
-    def baselines(self) -> tuple[dict[str, Any], ...]:  # type: ignore[override]
-        return self.inner.baselines
-
-    @property
-    def baseline(self) -> dict[str, Any] | None:  # type: ignore[override]
-        return self.inner.baseline
+    # The inner strategy's state, read under the lock (a background ask may be changing it) ----
 
     @property
     def known(self) -> dict[Key, float | None]:  # type: ignore[override]

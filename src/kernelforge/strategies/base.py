@@ -167,3 +167,54 @@ def clean_value(value: float | Sequence[float] | None) -> float | tuple[float, .
         return values if values and all(math.isfinite(v) for v in values) else None
     value = float(value)
     return value if math.isfinite(value) else None
+
+
+class Wrapper(Strategy):
+    """A strategy that adds behaviour around ``inner`` (asking ahead, asking advised points first)
+    and keeps none of the state: its name, space, seed, baselines, ``known``, ``pending`` and
+    counters read through to ``inner``, so the contract's bookkeeping stays in one place. A
+    subclass implements the contract's methods, passing them on to ``inner``."""
+
+    def __init__(self, inner: Strategy):
+        # Not Strategy.__init__: every counter and table is the inner strategy's.
+        self.inner = inner
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.inner.name
+
+    @property
+    def space(self) -> Space:  # type: ignore[override]
+        return self.inner.space
+
+    @property
+    def seed(self) -> int:  # type: ignore[override]
+        return self.inner.seed
+
+    @property
+    def objectives(self) -> int:  # type: ignore[override]
+        return self.inner.objectives
+
+    @property
+    def baselines(self) -> tuple[dict[str, Any], ...]:  # type: ignore[override]
+        return self.inner.baselines
+
+    @property
+    def baseline(self) -> dict[str, Any] | None:  # type: ignore[override]
+        return self.inner.baseline
+
+    @property
+    def known(self) -> dict[Key, float | None]:  # type: ignore[override]
+        return self.inner.known
+
+    @property
+    def pending(self) -> set[Key]:  # type: ignore[override]
+        return self.inner.pending
+
+    @property
+    def evaluations(self) -> int:  # type: ignore[override]
+        return self.inner.evaluations
+
+    @property
+    def free_tells(self) -> int:  # type: ignore[override]
+        return self.inner.free_tells

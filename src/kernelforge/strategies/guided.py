@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Callable, Mapping, Sequence
 
-from kernelforge.strategies.base import Key, Strategy
+from kernelforge.strategies.base import Strategy, Wrapper
 
 #: What an adviser is given: every point told so far with its objective (None: it failed), the
 #: best first, failures last.
@@ -24,7 +24,7 @@ Standings = list[tuple[dict[str, Any], "float | None"]]
 Advice = Callable[[Standings], Sequence[Mapping[str, Any]]]
 
 
-class GuidedStrategy(Strategy):
+class GuidedStrategy(Wrapper):
     """``inner`` with ``advice``'s points asked first, once, right after the baseline points.
 
     The whole state is the inner strategy's: ``known``, ``pending``, ``evaluations``,
@@ -36,11 +36,7 @@ class GuidedStrategy(Strategy):
     """
 
     def __init__(self, inner: Strategy, advice: Advice):
-        # Not Strategy.__init__: every counter and table is the inner strategy's (properties below).
-        self.inner = inner
-        self.space = inner.space
-        self.seed = inner.seed
-        self.name = f"guided {inner.name}"
+        super().__init__(inner)
         self._advice = advice
         self._queue: deque[dict[str, Any]] = deque()
         #: Whether ``advice`` has been called (it is called at most once).
@@ -51,31 +47,9 @@ class GuidedStrategy(Strategy):
         self.rejected: tuple[tuple[Any, str], ...] = ()
         self.advice_error: str | None = None
 
-    # The inner strategy's state ----------------------------------------------------------------
-
     @property
-    def known(self) -> dict[Key, float | None]:  # type: ignore[override]
-        return self.inner.known
-
-    @property
-    def pending(self) -> set[Key]:  # type: ignore[override]
-        return self.inner.pending
-
-    @property
-    def evaluations(self) -> int:  # type: ignore[override]
-        return self.inner.evaluations
-
-    @property
-    def free_tells(self) -> int:  # type: ignore[override]
-        return self.inner.free_tells
-
-    @property
-    def baselines(self) -> tuple[dict[str, Any], ...]:  # type: ignore[override]
-        return self.inner.baselines
-
-    @property
-    def baseline(self) -> dict[str, Any] | None:  # type: ignore[override]
-        return self.inner.baseline
+    def name(self) -> str:  # type: ignore[override]
+        return f"guided {self.inner.name}"
 
     # The contract ------------------------------------------------------------------------------
 
