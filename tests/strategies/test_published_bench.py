@@ -1,0 +1,32 @@
+"""The strategy-bench figures published in reports/strategy-bench/README.md are those of the
+bench.json stored beside it (the run the README names), not typed in by hand."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+REPORT = Path(__file__).resolve().parents[2] / "reports" / "strategy-bench"
+
+
+def _cell(median: float, hit: float, budget: int) -> str:
+    shown = f">{budget}" if median > budget else f"{median:g}"
+    return f"{shown} ({round(100 * hit)}%)"
+
+
+def test_the_readme_table_is_the_stored_run():
+    data = json.loads((REPORT / "bench.json").read_text())
+    readme = (REPORT / "README.md").read_text()
+    rows = re.findall(r"^\| (\w[^|]*?) \| (\d+) of (\d+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \|$", readme, re.M)
+    assert len(rows) == len(data["spaces"]) == 5
+    for space, row in zip(data["spaces"], rows):
+        _, feasible, grid, *cells, fraction = (c.strip() for c in row)
+        assert (int(feasible), int(grid)) == (space["feasible"], space["grid_size"])
+        by_name = {s["strategy"]: s for s in space["strategies"]}
+        for name, cell in zip(("auto", "tpe", "random"), cells):
+            s = by_name[name]
+            assert cell == _cell(s["median_evaluations"]["0.01"], s["hit_rate"]["0.01"], space["budget"]), (space["space"], name)
+        vs = by_name["auto"]["vs_tpe"]
+        assert fraction == f"{vs['bound']}{vs['fraction']:.2f}", space["space"]
+    assert f"--seeds {data['spaces'][0]['seeds']} --budget {data['spaces'][0]['budget']}" in readme
