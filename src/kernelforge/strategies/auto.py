@@ -309,9 +309,10 @@ class AutoStrategy(Strategy):
 def member_odds(gains: Sequence[tuple[str, float]], floor: float) -> dict[str, float]:
     """Each member's odds of proposing the next ask, from ``gains``: (member, how much a point it
     proposed improved the best) for the recent tells. A member's rate is the sum of its gains over
-    one more than the number of its tells (a member is not favoured for having been asked often,
-    and one lucky tell counts for less than the same gain over several); the odds follow the rates,
-    with ``floor`` of the total added to every member; even odds while no member has gained."""
+    one more than the number of its tells: a member is not favoured for having been asked often,
+    and the one added keeps a member told once from counting its one gain at full rate. The odds
+    follow the rates, with ``floor`` of the total added to every member; even odds while no member
+    has gained."""
     rates = {}
     for m in MEMBERS:
         mine = [g for who, g in gains if who == m]

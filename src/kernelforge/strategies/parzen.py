@@ -4,15 +4,16 @@ scored over a pool of feasible points instead of sampled).
 For every parameter, the share of each value among the best told points (the top ``gamma``) and
 among the others (failures included) is counted, smoothed by a uniform prior, and smoothed over
 neighbouring values of a numeric parameter that acts smoothly in rank; a point's score is the sum
-over parameters of ``log(share among the best) - log(share among the rest)``.
+over parameters of ``log(share among the best) - log(share among the rest)``. Where the Gaussian
+process models how parameters interact, this model only asks which values good points have: it is
+robust where the landscape is a needle the GP smooths away, and it explores values the GP has
+written off.
 
 Whether a numeric parameter acts smoothly is read from the told points at each scoring: the mean
 objective per value, in rank order, and von Neumann's ratio of its mean squared successive
 difference to its variance (about 2 for values in no order, near 0 for a smooth trend). Above
 ``rough`` (1.0) the parameter is counted value by value: a block size that is fast at 32, 64 and
-128 and slow at 48, 80 and 96 must not lend 48 the credit of 32 and 64. Where the Gaussian process models how
-parameters interact, this model only asks which values good points have: it is robust where the
-landscape is a needle the GP smooths away, and it explores values the GP has written off.
+128 and slow at 48, 80 and 96 must not lend 48 the credit of 32 and 64.
 """
 
 from __future__ import annotations
