@@ -41,6 +41,7 @@ from kernelforge.redact import redact_url
 from kernelforge.result import StoredResult
 from kernelforge.search.plan import baseline_candidates
 from kernelforge.space import Space
+from kernelforge.strategies.optuna import optuna_choices
 from kernelforge.store.records import StoredCandidate
 from kernelforge.store.store import Store
 from kernelforge.template import Template
@@ -236,9 +237,8 @@ def _params(optuna: Any, point: dict[str, Any], space: Space | None) -> tuple[di
     for name, values in space.params:
         if name not in point or point[name] not in values:
             continue
-        plain = all(v is None or isinstance(v, (bool, int, float, str)) for v in values)
-        choices = list(values) if plain else [repr(v) for v in values]
-        params[name] = point[name] if plain else repr(point[name])
+        choices, back = optuna_choices(values)
+        params[name] = point[name] if back is None else repr(point[name])
         distributions[name] = optuna.distributions.CategoricalDistribution(choices)
     return params, distributions
 

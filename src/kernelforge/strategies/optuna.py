@@ -83,7 +83,7 @@ class OptunaStrategy(Strategy):
         self._optuna = optuna
         # Optuna logs one INFO line per trial; a search tells thousands.
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        self._choices = {name: _choices(values) for name, values in space.params}
+        self._choices = {name: optuna_choices(values) for name, values in space.params}
         self._sampler = make_sampler(optuna, sampler, seed, space, self._choices, dict(sampler_options or {}))
         try:
             if isinstance(storage, str):
@@ -361,7 +361,7 @@ class OptunaStrategy(Strategy):
         return out
 
 
-def _choices(values: tuple[Any, ...]) -> tuple[list[Any], dict[Any, Any] | None]:
+def optuna_choices(values: tuple[Any, ...]) -> tuple[list[Any], dict[Any, Any] | None]:
     """Optuna categorical choices for a parameter's values, and a map back when they differ.
 
     Optuna accepts only None, bool, int, float and str as choices; other values (tuples...) are
