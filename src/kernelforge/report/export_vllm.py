@@ -190,7 +190,7 @@ def vllm_configs(data: Report, catalog: Catalog, store: Store, layout: Layout = 
             continue
         for row in block.shapes:
             dims = row.dims or {}
-            if not all(k in dims for k in ("T", "E", "I")):
+            if not row.is_moe:
                 notes.append(f"{block.block} {row.shape}: no T/E/I dimensions; skipped")
                 continue
             if row.best_s is None:

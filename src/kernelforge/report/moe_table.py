@@ -55,10 +55,9 @@ def moe_tables(block: BlockReport) -> tuple[MoeTable, ...]:
     """One table per shape family of an MoE block (shapes with T, E and I); empty for other blocks."""
     families: dict[str, list[TokenRow]] = {}
     for r in block.shapes:
-        dims = r.dims or {}
-        if not all(k in dims for k in ("T", "E", "I")):
+        if not r.is_moe:
             continue
-        family = ", ".join(f"{k}={dims[k]}" for k in FAMILY_DIMS if k in dims)
+        family = ", ".join(f"{k}={r.dims[k]}" for k in FAMILY_DIMS if k in r.dims)
         families.setdefault(family, []).append(_token_row(r))
     return tuple(MoeTable(family, tuple(sorted(rows, key=lambda t: t.tokens))) for family, rows in families.items())
 

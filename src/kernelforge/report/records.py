@@ -111,6 +111,12 @@ class ShapeRow:
     baseline_params: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def is_moe(self) -> bool:
+        """Whether the shape is one of a fused MoE: it has a token count T, experts E and an
+        intermediate size I (what names a vLLM/SGLang fused_moe config file and its keys)."""
+        return all(k in (self.dims or {}) for k in ("T", "E", "I"))
+
+    @property
     def confirmation(self) -> Confirmation:
         """The shape's confirmation state (one of three; see :class:`Confirmation`)."""
         if not self.confirmed:
