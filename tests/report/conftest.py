@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import kf_synthetic_store as synthetic  # tests/fixtures (pytest pythonpath)
+from kf_searches import searched
 from kernelforge.block import DTYPES
 from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
@@ -22,8 +23,6 @@ from kernelforge.execute.evaluate import evaluate
 from kernelforge.job import load_job
 from kernelforge.report.write import write_report
 from kernelforge.result import StoredResult, env_key
-from kernelforge.search.loop import Search
-from kernelforge.search.progress import Progress
 from kernelforge.store.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,11 +80,7 @@ def toy(tmp_path_factory):
     candidate after it, and the report written from the database."""
     folder = tmp_path_factory.mktemp("toyreport")
     path = folder / "toyreport.toml"
-    path.write_text(TOY_JOB.format(db=folder / "toy.db"))
-    catalog = Catalog.discover(FIXTURES)
-    job = load_job(path, catalog)
-    store = Store(job.storage_url)
-    Search(job, catalog, store, Progress(), compile_enabled=True).run()
+    job, catalog, store = searched(path, TOY_JOB.format(db=folder / "toy.db"), FIXTURES, compile_enabled=True)
     baseline_id = Candidate.from_template(catalog.baseline("toy/axpy")).id
     llm = _add_llm_candidate(job, catalog, store, parent=baseline_id)
     report = write_report(job, catalog, store, folder / "report")

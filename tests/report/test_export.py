@@ -14,12 +14,10 @@ from click.testing import CliRunner
 from kernelforge.catalog import Catalog
 from kernelforge.cli.main import main
 from kernelforge.report.export import GEMM2_KEYS, VLLM_KEYS, vllm_device_name, vllm_file_name
-from kernelforge.job import load_job
-from kernelforge.search.progress import Progress
 from kernelforge.report.collect import collect
-from kernelforge.search.loop import Search
 from kernelforge.store.store import Store
 import kf_synthetic_store as synthetic  # tests/fixtures (pytest pythonpath)
+from kf_searches import searched
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS = ROOT / "kernels"
@@ -64,11 +62,7 @@ def h200(tmp_path_factory):
 @pytest.mark.interpreter
 def test_vllm_export_of_a_real_moe_search(tmp_path):
     path = tmp_path / "moe.toml"
-    path.write_text(MOE_JOB.format(db=tmp_path / "moe.db"))
-    catalog = Catalog.discover(KERNELS)
-    job = load_job(path, catalog)
-    store = Store(job.storage_url)
-    Search(job, catalog, store, Progress(), compile_enabled=False).run()
+    job, catalog, store = searched(path, MOE_JOB.format(db=tmp_path / "moe.db"), KERNELS)
     data = collect(job, catalog, store)
     [row] = data.blocks[0].shapes
     env = data.environments[data.blocks[0].env_key]

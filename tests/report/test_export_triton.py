@@ -21,14 +21,11 @@ from click.testing import CliRunner
 
 from kernelforge.block import DTYPES
 from kernelforge.candidate import Candidate
-from kernelforge.catalog import Catalog
 from kernelforge.cli.main import main
 from kernelforge.execute.contract import allocate
-from kernelforge.job import load_job
 from kernelforge.report.collect import collect
-from kernelforge.search.loop import Search
-from kernelforge.search.progress import Progress
 from kernelforge.store.store import Store
+from kf_searches import searched  # tests/fixtures (pytest pythonpath)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kernels"
 
@@ -109,11 +106,7 @@ def exported(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tritonexport")
     kernels = _kernels(tmp)
     path = tmp / "rows.toml"
-    path.write_text(JOB.format(db=tmp / "rows.db"))
-    catalog = Catalog.discover(kernels)
-    job = load_job(path, catalog)
-    store = Store(job.storage_url)
-    Search(job, catalog, store, Progress(), compile_enabled=False).run()
+    job, catalog, store = searched(path, JOB.format(db=tmp / "rows.db"), kernels)
     # Two more points of the template, timed as copies of the baseline's results: the first is the
     # fastest at T 2 and the slowest elsewhere, the second the fastest at T 64 (the stored timings
     # decide the winners; their sources are the template's own renderings, so they compute right).
