@@ -254,3 +254,13 @@ def parse_value(text: str) -> Any:
         except ValueError:
             pass
     return text
+
+
+def is_number(value: Any) -> bool:
+    """Whether a parameter value is a number (an int or a float; a boolean is a switch, not one)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def is_integer(value: Any) -> bool:
+    """Whether a parameter value is an integer (not a boolean)."""
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -5,6 +5,7 @@ deterministic (no timing, no luck)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 
 import numpy as np
@@ -13,7 +14,8 @@ from kernelforge.space import Space
 from kernelforge.strategies.auto import MEMBERS, AutoStrategy, member_odds
 from kernelforge.strategies.names import make_strategy
 from kernelforge.strategies.parzen import ParzenRatio
-from kernelforge.strategies.surrogate import Encoder, GaussianProcess, expected_improvement
+from kernelforge.strategies.surrogate import (Encoder, GaussianProcess, expected_improvement, is_power_of_two,
+                                              splits_by_power_of_two)
 
 
 def grid_space() -> Space:
@@ -155,11 +157,12 @@ def power_of_two_time(point) -> float:
 def test_value_by_value_groups_fit_what_no_smooth_rank_function_can():
     space = Space.build({"bx": list(range(16, 257, 16)), "t": [1, 2, 3, 4], "u": [1, 2, 3, 4]}, [], where="test")
     encoder = Encoder(space)
-    assert len(encoder.groups) == 6  # bx, t and u by rank, then each value by value
-    assert list(encoder.initial_log_lengths()) == [0.0] * 3 + [encoder.by_value_log_length] * 3
+    # bx, t and u by rank, then each value by value, then whether it is a power of two
+    assert len(encoder.groups) == 9 and encoder.powers_of_two == [0, 1, 2]
+    assert list(encoder.initial_log_lengths()) == [0.0] * 3 + [encoder.by_value_log_length] * 6
 
     class RankOnly(Encoder):
-        by_value = 10 ** 9
+        by_value = power_of_two = 10 ** 9
 
     def time(bx, t, u):
         return power_of_two_time({"bx": bx, "t": t}) * (1.0 + 0.2 * abs(u - 2))
@@ -176,6 +179,43 @@ def test_value_by_value_groups_fit_what_no_smooth_rank_function_can():
             mu, _ = gp.predict(enc.encode(held))
             errors[name] = float(np.abs(mu - truth).mean())
         assert errors["by value"] < 0.5 * errors["rank only"], (seed, errors)
+
+
+def test_which_parameters_get_a_power_of_two_column():
+    assert [v for v in (0, 1, 2, 3, 48, 64, -4, True, 2.0, "8") if is_power_of_two(v)] == [1, 2, 64]
+    assert splits_by_power_of_two([16, 32, 48, 64])
+    assert splits_by_power_of_two([1, 2, 3])  # a tile size of 3 is not one of its kind
+    assert not splits_by_power_of_two([1, 2, 4, 8])  # nothing to tell apart
+    assert not splits_by_power_of_two([0, 1])  # too few values: the one-hot reading says it all
+    assert not splits_by_power_of_two([1.0, 2.0, 3.0])  # floats are not sizes
+    assert not splits_by_power_of_two(["a", "b", "c"])
+    encoder = Encoder(Space.build({"flag": [True, False], "bx": [16, 32, 48, 64], "w": [1, 2, 4]}, [], where="test"))
+    assert encoder.powers_of_two == [1]
+    assert list(encoder.encode([(True, 48, 2), (False, 64, 4)])[:, -1]) == [0.0, 1.0]
+
+
+def test_the_power_of_two_column_carries_credit_to_an_untold_power_of_two():
+    """Told every block size but 128, the GP expects 128 to be fast like 32 and 64, not slow like
+    its rank neighbours 112 and 144; without the column it cannot tell 128 from them."""
+    space = power_of_two_space()
+    keys = [(bx, t) for bx in range(16, 257, 16) for t in (1, 2, 3, 4)]
+    told = [k for k in keys if k[0] != 128]
+    y = np.log([power_of_two_time({"bx": bx, "t": t}) for bx, t in told])
+    query = [(112, 2), (128, 2), (144, 2)]
+
+    class Without(Encoder):
+        power_of_two = 10 ** 9
+
+    means = {}
+    for name, encoder in (("with", Encoder(space)), ("without", Without(space))):
+        gp = GaussianProcess(encoder)
+        gp.fit(encoder.encode(told), y, refit=True, steps=80)
+        means[name] = gp.predict(encoder.encode(query))[0]
+        assert np.allclose(gp.predict_mean(encoder.encode(query)), means[name])
+    slow, fast = math.log(8.0), 0.0
+    assert abs(means["with"][1] - fast) < abs(means["with"][1] - slow), means
+    assert means["with"][1] < min(means["with"][0], means["with"][2]) - 1.0, means
+    assert means["without"][1] > min(means["without"][0], means["without"][2]) - 1.0, means
 
 
 def test_parzen_counts_a_rough_parameter_value_by_value():

@@ -12,8 +12,9 @@ members expects the most:
    member is not favoured for having been asked often; at least ``floor`` each):
 
    - ``gp``: a Gaussian process (:mod:`kernelforge.strategies.surrogate`) over the log-objective
-     scores a pool of unseen feasible points (a random sample plus every one-parameter move from
-     the best points) by expected improvement times the estimated chance to run;
+     scores a pool of unseen feasible points (every one while the listed feasible set times the
+     history is at most ``score_all``, else a random sample plus every one-parameter move from the
+     best points) by expected improvement times the estimated chance to run;
    - ``parzen``: the same pool scored by a per-parameter ratio of the best to the rest
      (:mod:`kernelforge.strategies.parzen`), robust where the GP smooths a needle away;
    - ``local``: the unseen one-parameter moves of the best point (then of the next best), the most
@@ -53,13 +54,17 @@ MEMBERS = ("gp", "parzen", "local")
 
 class AutoStrategy(Strategy):
     """The default strategy (see the module docstring). ``start`` random points after the
-    baselines; then model-guided asks over a pool of at most ``pool`` unseen feasible points."""
+    baselines; then model-guided asks over the unseen feasible points (all of them while
+    ``score_all`` allows, else a pool of at most ``pool``)."""
 
     name = "auto"
     start = 16
     pool = 1500
     #: Spaces up to this many grid points have their feasible points listed once.
     enumerate_limit = 250_000
+    #: Every unseen feasible point is scored while (feasible points) x (told points) is at most
+    #: this (the cost of a prediction); past it, a pool of at most ``pool`` points is.
+    score_all = 1_000_000
     #: Single-parameter moves are taken from this many of the best points.
     parents = 5
     #: Results worse than the median are told as the median (see the module docstring, 5).
@@ -217,12 +222,7 @@ class AutoStrategy(Strategy):
                     mu, sd = self._gp.predict(self._feature(moves))
                     return moves[int(np.argmax(expected_improvement(mu, sd, float(y.min()))))], member
             member = "gp"
-        candidates: dict[Key, None] = {}
-        for parent in best_keys:
-            candidates.update(dict.fromkeys(self._moves(parent)))
-        size = max(300, min(self.pool, 240_000 // max(len(ok), 1)))
-        candidates.update(dict.fromkeys(self._random_unseen(max(size - len(candidates), size // 2))))
-        pool = list(candidates)
+        pool = self._pool(best_keys, len(ok))
         if not pool:
             return None
         if member == "parzen":
@@ -241,6 +241,19 @@ class AutoStrategy(Strategy):
             if likely.any():
                 score = np.where(likely, score, -1.0)
         return pool[int(np.argmax(score))], member
+
+    def _pool(self, best_keys: list[Key], told: int) -> list[Key]:
+        """The unseen feasible points the models score: all of them while that costs at most
+        ``score_all`` (then the best expected improvement is never left unscored), else every
+        one-parameter move of ``best_keys`` and a random sample of the rest."""
+        if self._feasible is not None and len(self._feasible) * len(self.known) <= self.score_all:
+            return self._random_unseen(len(self._feasible))
+        candidates: dict[Key, None] = {}
+        for parent in best_keys:
+            candidates.update(dict.fromkeys(self._moves(parent)))
+        size = max(300, min(self.pool, 240_000 // max(told, 1)))
+        candidates.update(dict.fromkeys(self._random_unseen(max(size - len(candidates), size // 2))))
+        return list(candidates)
 
     def _condition(self, ok: list[Key], y: np.ndarray, believed: list[Key]) -> None:
         """Fit the model on the told points (refitting the hyperparameters every so often) and
@@ -264,7 +277,7 @@ class AutoStrategy(Strategy):
         if refit:
             self._failures_refit_at = len(told) + max(2, len(told) // 8)
         self._failures.fit(self._feature(told), y, refit=refit, rng=self._np_rng)
-        mean, _ = self._failures.predict(x_pool)
+        mean = self._failures.predict_mean(x_pool)
         return np.clip(1.0 - mean, 0.02, 1.0)
 
     # -- telling ----------------------------------------------------------------------------------
