@@ -29,6 +29,7 @@ from kernelforge.llm.context import PARENT_POOL
 from kernelforge.llm.lineage import Ancestry
 from kernelforge.objective import by_candidate, rank
 from kernelforge.search.plan import block_spec
+from kernelforge.space import is_integer
 
 if TYPE_CHECKING:
     from kernelforge.llm.context import PromptContext
@@ -68,7 +69,7 @@ class Descriptor:
 def descriptor(params: Mapping[str, Any], kernels: Iterable[Mapping[str, Any]] | None = None) -> Descriptor:
     """The descriptor of a candidate's point and (optionally) its compiled kernels' resources."""
     tiles = [v for k, v in params.items()
-             if k.upper().startswith(TILE_PREFIXES) and isinstance(v, int) and not isinstance(v, bool) and v > 0]
+             if k.upper().startswith(TILE_PREFIXES) and is_integer(v) and v > 0]
     tile = bucket(math.prod(tiles)) if tiles else None
     if kernels is None:
         return Descriptor(tile)

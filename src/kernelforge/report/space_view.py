@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 from kernelforge.report.records import BlockReport, CandidateRow
 from kernelforge.report.svg import fit
+from kernelforge.space import is_number
 
 #: Below this many measured candidates no importance is computed.
 MIN_MEASURED = 4
@@ -54,7 +55,7 @@ class SpaceView:
 
 
 def _sort_key(value: Any) -> tuple[int, float, str]:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_number(value):
         return (1, 0.0, str(value))
     return (0, float(value), "")
 
