@@ -82,9 +82,7 @@ def run(job: Job, *, progress: Progress | None = None, catalog: Catalog | None =
     none); ``device``, ``in_process``, ``compile_ahead`` (False: ``--no-compile``) and ``reconfirm`` are
     the command line's options. A search stopped with Ctrl-C raises KeyboardInterrupt after
     everything measured is stored; running again continues it."""
-    from kernelforge.llm.proposer import for_job
-    from kernelforge.search.loop import Search
-    from kernelforge.search.supervise import compile_workers_from_env
+    from kernelforge.search.start import run_search
     from kernelforge.search.warm import check_sources
 
     catalog = catalog or default_catalog()
@@ -93,9 +91,8 @@ def run(job: Job, *, progress: Progress | None = None, catalog: Catalog | None =
     try:
         check_sources(store, job.name, job.strategy.warm_start)
         events = progress or Progress()
-        outcome = Search(job, catalog, store, events, device_name=device, compile_enabled=compile_ahead,
-                         in_process=in_process, compile_workers=compile_workers_from_env(),
-                         proposer=for_job(job, store, events), reconfirm=reconfirm).run()
+        outcome = run_search(job, catalog, store, events, device_name=device, compile_enabled=compile_ahead,
+                             in_process=in_process, reconfirm=reconfirm)
         if outcome.stopped:
             raise KeyboardInterrupt(f"job {job.name} {outcome.reason}: everything measured is stored; "
                                     "run it again to continue")

@@ -80,11 +80,9 @@ def search(ctx: click.Context, job_file: str, storage: str | None, device_name: 
 
     from kernelforge.job import require_llm_endpoint
     from kernelforge.report.write import write_report
-    from kernelforge.llm.proposer import for_job
-    from kernelforge.search.loop import Search
     from kernelforge.search.progress import make_progress
     from kernelforge.compile.ray_pool import pool_from_environment
-    from kernelforge.search.supervise import compile_workers_from_env
+    from kernelforge.search.start import run_search
     from kernelforge.search.warm import check_sources
     from kernelforge.store.store import Store
 
@@ -96,10 +94,8 @@ def search(ctx: click.Context, job_file: str, storage: str | None, device_name: 
     pool = None if no_compile else pool_from_environment()  # a --ray worker compiles on the cluster's CPUs
     install_stop_signals()  # again: Ray's init replaces the SIGTERM handler
     try:
-        outcome = Search(job, catalog, store, progress, device_name=device_name,
-                         compile_enabled=not no_compile, in_process=in_process,
-                         compile_workers=compile_workers_from_env(), pool=pool,
-                         proposer=for_job(job, store, progress), reconfirm=reconfirm).run()
+        outcome = run_search(job, catalog, store, progress, device_name=device_name,
+                             compile_enabled=not no_compile, in_process=in_process, pool=pool, reconfirm=reconfirm)
     finally:
         progress.close()
     path = write_report(job, catalog, store) if report else None

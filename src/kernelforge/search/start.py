@@ -1,0 +1,25 @@
+"""One search of a job, wired as ``kernelforge search`` and ``kernelforge.api.run`` both run it:
+the compile workers the environment asks for (``compile_workers_from_env``) and the job's LLM proposer
+(none without an ``[llm]`` table). The callers open the store, check the warm-start sources and
+report; this is the part they share."""
+
+from __future__ import annotations
+
+from kernelforge.catalog import Catalog
+from kernelforge.job import Job
+from kernelforge.llm.proposer import for_job
+from kernelforge.search.evaluation_loop import SearchOutcome
+from kernelforge.search.loop import Search
+from kernelforge.search.progress import Progress
+from kernelforge.search.supervise import compile_workers_from_env
+from kernelforge.store.store import Store
+
+
+def run_search(job: Job, catalog: Catalog, store: Store, progress: Progress, *, device_name: str | None = None,
+               compile_enabled: bool = True, in_process: bool = False, reconfirm: bool = False,
+               pool=None) -> SearchOutcome:
+    """Run (or resume) ``job``'s search as one of its workers; ``pool`` compiles ahead elsewhere
+    (a Ray cluster's CPUs), else compiles run on this host."""
+    return Search(job, catalog, store, progress, device_name=device_name, compile_enabled=compile_enabled,
+                  in_process=in_process, compile_workers=compile_workers_from_env(), pool=pool,
+                  proposer=for_job(job, store, progress), reconfirm=reconfirm).run()
