@@ -15,7 +15,7 @@ from kernelforge.devices import interpreter
 from kernelforge.compile.pool import CompilePool
 from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
-from kernelforge.execute.evaluate import load_candidate
+from kernelforge.execute.runner import load_candidate
 from kernelforge.result import StoredResult, env_key
 from kernelforge.store.store import Store
 from kernelforge.result import Status

@@ -17,7 +17,7 @@ from kernelforge.execute.contract import allocate
 from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
 from kernelforge.devices.cuda import CudaDevice
-from kernelforge.execute.evaluate import load_candidate
+from kernelforge.execute.runner import load_candidate
 from kernelforge.result import Status
 from kernelforge.execute.verify import verify
 

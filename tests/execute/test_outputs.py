@@ -16,7 +16,8 @@ from kernelforge.catalog import Catalog
 from kernelforge.devices.interpret import InterpretDevice
 from kernelforge.execute import guard
 from kernelforge.execute.contract import allocate
-from kernelforge.execute.evaluate import evaluate, load_candidate
+from kernelforge.execute.evaluate import evaluate
+from kernelforge.execute.runner import load_candidate
 from kernelforge.execute.timing import time_candidate
 from kernelforge.execute.verify import verify, verify_shape
 from kernelforge.result import Status

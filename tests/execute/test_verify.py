@@ -13,7 +13,8 @@ from kernelforge.block import TOLERANCES
 from kernelforge.catalog import Catalog
 from kernelforge.candidate import Candidate
 from kernelforge.devices.interpret import InterpretDevice
-from kernelforge.execute.evaluate import evaluate, load_candidate
+from kernelforge.execute.evaluate import evaluate
+from kernelforge.execute.runner import load_candidate
 from kernelforge.result import Status
 from kernelforge.block import HarnessError
 from kernelforge.execute.compare import compare

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kernelforge.candidate import Candidate
-from kernelforge.execute.evaluate import load_candidate
+from kernelforge.execute.runner import load_candidate
 from kernelforge.execute.verify import verify
 from kernelforge.quant import base as quant_base, int4
 from kernelforge.quant.base import Bf16Activations, Bf16Weights

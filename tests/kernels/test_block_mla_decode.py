@@ -192,7 +192,7 @@ def test_per_shape_baselines_follow_sglang(catalog):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_baseline_verifies(catalog, block, dtype):
     from kernelforge.candidate import Candidate
-    from kernelforge.execute.evaluate import load_candidate
+    from kernelforge.execute.runner import load_candidate
 
     module, failure = load_candidate(Candidate.from_template(catalog.baseline(BLOCK_ID)).source, "mla")
     assert failure is None

@@ -15,7 +15,7 @@ import torch
 from kernelforge.block import DISTRIBUTIONS, DTYPES, Shape
 from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
-from kernelforge.execute.evaluate import load_candidate
+from kernelforge.execute.runner import load_candidate
 from kernelforge.result import Status
 from kernelforge.execute.verify import verify
 from kernel_helpers import check_dtype

@@ -9,11 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
-from kernelforge.execute.evaluate import load_candidate
+from kernelforge.execute.runner import load_candidate
 from kernelforge.result import Status
 from kernelforge.template import Template
 from kernelforge.execute.verify import verify

@@ -11,6 +11,7 @@ import pytest
 from kernelforge.catalog import Catalog
 from kernelforge.devices.hardware import Ceilings, ceilings_for
 from kernelforge.report import projection as proj
+from kernelforge.report.model_costs import layer_split
 from kernelforge.report.projection import Measured
 
 MOE = proj.MOE_BLOCK
@@ -25,9 +26,9 @@ ROUND = Ceilings("TEST", 1e12, 1e15)
 
 def test_layer_split_puts_window_layers_on_even_indices():
     # GPT-OSS: window on even layers, full on odd (0-based), so an odd count has one more window layer.
-    assert proj.layer_split(36) == (18, 18)
-    assert proj.layer_split(24) == (12, 12)
-    assert proj.layer_split(5) == (2, 3)
+    assert layer_split(36) == (18, 18)
+    assert layer_split(24) == (12, 12)
+    assert layer_split(5) == (2, 3)
 
 
 def test_closest_token_count_and_prefill_chunks():

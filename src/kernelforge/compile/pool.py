@@ -177,9 +177,7 @@ def prepare_pool_worker() -> None:
     import triton.compiler  # noqa: F401
     import triton.runtime.jit  # noqa: F401
 
-    from kernelforge import block
-    from kernelforge import candidate
-    from kernelforge import catalog
+    from kernelforge import block, candidate, catalog  # noqa: F401
 
 
 def _pool_task(args: tuple, timeout: float) -> CompileReport:

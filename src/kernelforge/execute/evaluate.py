@@ -21,8 +21,7 @@ from kernelforge.block import Block, Counts, Shape
 from kernelforge.candidate import source_id
 from kernelforge.devices.base import Device
 from kernelforge.errors import UserError
-# load_candidate lives with the runners; callers that import it from here keep working.
-from kernelforge.execute.runner import Entry, LocalRunner, Runner, load_candidate  # noqa: F401
+from kernelforge.execute.runner import Entry, LocalRunner, Runner
 from kernelforge.execute.timing import TimedRound, TimingPlan, TimingSet, make_timing_sets, time_round
 from kernelforge.execute.timing_check import check_round, replayed_inputs, timing_mismatch, with_figures
 from kernelforge.execute.verify import verify_again, verify_shape

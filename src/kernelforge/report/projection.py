@@ -40,13 +40,11 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 from kernelforge.devices.hardware import Ceilings
-from kernelforge.profiles import BATCHES, PROFILES, Profile  # noqa: F401 (callers read them here too)
-# The models' costs live beside; names used by callers of this module stay importable from here.
+from kernelforge.profiles import BATCHES, PROFILES, Profile
 from kernelforge.report.mla_costs import DECODE_BLOCK as MLA_DECODE_BLOCK
 from kernelforge.report.mla_costs import MLA_MODELS
-from kernelforge.report.model_costs import (DECODE_BLOCK, PREFILL_BLOCK, AttentionCalls,  # noqa: F401
-                                            Feasibility, Model, ProjectedModel, Work, decode_shapes, feasibility,
-                                            head_work, layer_dense_work, layer_split, prefill_shapes, roofline_s)
+from kernelforge.report.model_costs import (DECODE_BLOCK, PREFILL_BLOCK, AttentionCalls, Feasibility, Model,
+                                            ProjectedModel, Work, feasibility, roofline_s)
 
 MOE_BLOCK = "moe/gpt_oss_experts"
 #: The ``block`` of the dense parts' components: roofline estimates, no block measured them.

@@ -16,7 +16,7 @@ from typing import Any
 
 from kernelforge.devices.hardware import Ceilings, RooflinePoint
 from kernelforge.job import Tune
-from kernelforge.report.projection import Feasibility
+from kernelforge.report.model_costs import Feasibility
 from kernelforge.library import LibraryLine
 from kernelforge.report.llm_section import LLMSection
 from kernelforge.report.pareto import ParetoFront
