@@ -41,9 +41,9 @@ class Encoder:
     """Points of a space as feature rows; ``groups[g]`` lists the columns of group ``g``: one group
     per parameter (in order), then the value-by-value (one-hot) groups of numeric parameters with
     at least ``by_value`` values, then the power-of-two columns of integer parameters with at least
-    ``power_of_two`` values of both kinds (``powers_of_two`` lists those parameters). ``initial_log_lengths``
-    starts the groups after the first ``len(space.params)`` long, so the smooth reading of the rank
-    is the prior and the data must show the others."""
+    ``power_of_two`` values of both kinds (``powers_of_two`` lists those parameters).
+    ``initial_log_lengths`` starts the groups after the first ``len(space.params)`` long, so the
+    smooth reading of the rank is the prior and the data must show the others."""
 
     by_value = 4
     #: An integer parameter with at least this many values, some of them powers of two and some
@@ -83,7 +83,8 @@ class Encoder:
             self.groups.append(list(range(column, column + len(values))))
             column += len(values)
         #: The integer parameters that also get a power-of-two column, in group order.
-        self.powers_of_two = [p for p, (_, values) in enumerate(space.params) if splits_by_power_of_two(values, self.power_of_two)]
+        self.powers_of_two = [p for p, (_, values) in enumerate(space.params)
+                              if splits_by_power_of_two(values, self.power_of_two)]
         for _ in self.powers_of_two:
             self.groups.append([column])
             column += 1
