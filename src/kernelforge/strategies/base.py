@@ -169,52 +169,37 @@ def clean_value(value: float | Sequence[float] | None) -> float | tuple[float, .
     return value if math.isfinite(value) else None
 
 
+class ReadThrough:
+    """An attribute of a :class:`Wrapper` that reads the same attribute of its ``inner`` strategy;
+    assigning it on the wrapper is an error (the state is the inner strategy's)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.attribute = name
+
+    def __get__(self, wrapper: Any, owner: type | None = None) -> Any:
+        return self if wrapper is None else getattr(wrapper.inner, self.attribute)
+
+    def __set__(self, wrapper: Any, value: Any) -> None:
+        raise AttributeError(f"{self.attribute} is the inner strategy's: set it there")
+
+
 class Wrapper(Strategy):
     """A strategy that adds behaviour around ``inner`` (asking ahead, asking advised points first)
     and keeps none of the state: its name, space, seed, baselines, ``known``, ``pending`` and
     counters read through to ``inner``, so the contract's bookkeeping stays in one place. A
     subclass implements the contract's methods, passing them on to ``inner``."""
 
+    name = ReadThrough()
+    space = ReadThrough()
+    seed = ReadThrough()
+    objectives = ReadThrough()
+    baselines = ReadThrough()
+    baseline = ReadThrough()
+    known = ReadThrough()
+    pending = ReadThrough()
+    evaluations = ReadThrough()
+    free_tells = ReadThrough()
+
     def __init__(self, inner: Strategy):
         # Not Strategy.__init__: every counter and table is the inner strategy's.
         self.inner = inner
-
-    @property
-    def name(self) -> str:  # type: ignore[override]
-        return self.inner.name
-
-    @property
-    def space(self) -> Space:  # type: ignore[override]
-        return self.inner.space
-
-    @property
-    def seed(self) -> int:  # type: ignore[override]
-        return self.inner.seed
-
-    @property
-    def objectives(self) -> int:  # type: ignore[override]
-        return self.inner.objectives
-
-    @property
-    def baselines(self) -> tuple[dict[str, Any], ...]:  # type: ignore[override]
-        return self.inner.baselines
-
-    @property
-    def baseline(self) -> dict[str, Any] | None:  # type: ignore[override]
-        return self.inner.baseline
-
-    @property
-    def known(self) -> dict[Key, float | None]:  # type: ignore[override]
-        return self.inner.known
-
-    @property
-    def pending(self) -> set[Key]:  # type: ignore[override]
-        return self.inner.pending
-
-    @property
-    def evaluations(self) -> int:  # type: ignore[override]
-        return self.inner.evaluations
-
-    @property
-    def free_tells(self) -> int:  # type: ignore[override]
-        return self.inner.free_tells
