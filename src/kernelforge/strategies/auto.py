@@ -87,17 +87,19 @@ class AutoStrategy(Strategy):
         self._failures = GaussianProcess(self._encoder)  # 1 where a told point failed, 0 where it ran
         self._failures_refit_at = 0
         self._features: dict[Key, np.ndarray] = {}
+        self._positions = [{hashable(v): i for i, v in enumerate(values)} for _, values in space.params]
         #: The feasible points listed once (spaces up to ``enumerate_limit`` grid points), their
-        #: features, their index, and which of them are asked or told.
+        #: index, their features (GP) and their value positions (Parzen): a pool of the whole
+        #: feasible set is not encoded again at every ask.
         self._feasible: list[Key] | None = None
         if space.size <= self.enumerate_limit:
             self._feasible = [self.key(p) for p in space.points()]
             self._index = {key: i for i, key in enumerate(self._feasible)}
             self._matrix = self._encoder.encode(self._feasible)
+            self._code_matrix = self._positions_of(self._feasible)
         self._queue: deque[Key] = deque()
         self._refit_at = 0
         self._parzen = ParzenRatio(space)
-        self._positions = [{hashable(v): i for i, v in enumerate(values)} for _, values in space.params]
         self._owner: dict[Key, str] = {}  # pending point -> the member that proposed it
         self._gains: deque[tuple[str, float]] = deque(maxlen=self.window)
         self._best: float | None = None  # best told objective (log scale when positive)
@@ -194,6 +196,12 @@ class AutoStrategy(Strategy):
         return MEMBERS[-1]
 
     def _codes(self, keys: list[Key]) -> np.ndarray:
+        if self._feasible is not None and all(k in self._index for k in keys):
+            return self._code_matrix[[self._index[k] for k in keys]]
+        return self._positions_of(keys)
+
+    def _positions_of(self, keys: list[Key]) -> np.ndarray:
+        """Each key's value positions (the index of each value among its parameter's values)."""
         if not keys:
             return np.zeros((0, len(self._positions)), dtype=int)
         return np.array([[pos[hashable(v)] for pos, v in zip(self._positions, key)] for key in keys], dtype=int)
