@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from kernelforge.cli.main import main
 from kernelforge.errors import UserError
 from kernelforge.strategies.bench import bench_spaces, default_strategies
-from kernelforge.strategies.bench_report import to_json
+from kernelforge.strategies.bench_report import format_summary, to_json
 from kernelforge.strategies.recorded import cache_files, load_kernel_tuner_cache
 
 PARAMS = {"a": [1, 2, 3], "b": [0.5, 1.0]}
@@ -95,7 +95,17 @@ def test_summary_compares_with_tpe(folder):
                                        "--seeds", "1", "--budget", "3", "--jobs", "1"])
     assert result.exit_code == 0, result.output
     summary = result.output.split("fraction of tpe's")[1]
-    assert "alpha: grid " in summary and "random " in summary and "(hit " in summary
+    assert "alpha: grid " in summary and "random " in summary and "hit " in summary
+
+
+def test_the_fraction_carries_its_interval(folder):
+    spaces = [load_kernel_tuner_cache(folder / "alpha.json")]
+    (result,) = bench_spaces(spaces, ["tpe", "grid"], seeds=3, budget=6, jobs=1)
+    grid = next(s for s in to_json([result])["spaces"][0]["strategies"] if s["strategy"] == "grid")
+    vs = grid["vs_tpe"]
+    low, high = vs["interval"]
+    assert vs["bound"] == "" and low <= vs["fraction"] <= high
+    assert f"grid {vs['fraction']:.2f}x (95% {low:.2f}-{high:.2f}; hit" in format_summary([result])
 
 
 def test_jobs_do_not_change_the_figures(folder):

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -44,6 +45,9 @@ THRESHOLDS = (0.01, 0.05, 0.10)
 CHECKPOINTS = (25, 50, 100, 200)
 #: The strategy the summary compares the others with (Optuna's default).
 REFERENCE = "tpe"
+#: Bootstrap resamples behind the interval of a fraction, and that interval's coverage.
+RESAMPLES = 2000
+LEVEL = 0.95
 
 
 def default_strategies() -> tuple[str, ...]:
@@ -104,12 +108,15 @@ class BenchRow:
 class Relative:
     """A strategy against the reference (``tpe``): its median evaluations to 1% as a fraction of
     the reference's (``bound``: "" exact, ">" or "<" when one side missed in most seeds, so the
-    fraction is a bound; "?" both missed), and both hit rates to 1%."""
+    fraction is a bound; "?" both missed), the :data:`LEVEL` bootstrap interval of that fraction
+    (``low``, ``high``: see :func:`fraction_interval`), and both hit rates to 1%."""
 
     strategy: str
     reference: str
     fraction: float
     bound: str
+    low: float
+    high: float
     hit_rate: float
     reference_hit_rate: float
 
@@ -313,16 +320,44 @@ def percentile(ordered: Sequence[float], q: float) -> float:
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
+def evaluations_to(row: BenchRow, threshold: float) -> list[int]:
+    """Each run's evaluations to ``threshold``, a miss counted as ``budget + 1`` (as the median is)."""
+    return [r.reached[threshold] if r.reached[threshold] is not None else row.budget + 1 for r in row.runs]
+
+
+def fraction_interval(mine: Sequence[float], theirs: Sequence[float], *, resamples: int = RESAMPLES,
+                      level: float = LEVEL, seed: int = 0) -> tuple[float, float]:
+    """The ``level`` percentile-bootstrap interval of ``median(mine) / median(theirs)``.
+
+    Each side's runs are resampled with replacement on its own (seed i of one strategy has nothing
+    to do with seed i of the other), ``resamples`` times from a fixed ``seed``, so the same runs
+    always give the same interval. Twenty seeds of a strategy whose runs either find the optimum's
+    basin early or sit in another one for a hundred evaluations give a wide interval: a fraction
+    whose interval straddles a goal has not shown it.
+    """
+    if not mine or not theirs:
+        raise ValueError("both sides need at least one run")
+    rng = random.Random(seed)
+    fractions = sorted(
+        statistics.median(rng.choices(mine, k=len(mine))) / statistics.median(rng.choices(theirs, k=len(theirs)))
+        for _ in range(resamples))
+    tail = (1 - level) / 2
+    return percentile(fractions, tail), percentile(fractions, 1 - tail)
+
+
 def _relative(row: BenchRow, ref: BenchRow) -> Relative:
     t = THRESHOLDS[0]
     mine, theirs = row.median_evaluations[t], ref.median_evaluations[t]
     missed, ref_missed = mine > row.budget, theirs > ref.budget
     bound = "?" if missed and ref_missed else ">" if missed else "<" if ref_missed else ""
+    low, high = fraction_interval(evaluations_to(row, t), evaluations_to(ref, t))
     return Relative(
         strategy=row.strategy,
         reference=ref.strategy,
         fraction=mine / theirs,
         bound=bound,
+        low=low,
+        high=high,
         hit_rate=row.hit_rate[t],
         reference_hit_rate=ref.hit_rate[t],
     )

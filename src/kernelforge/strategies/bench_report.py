@@ -13,7 +13,8 @@ JSON shape (``version`` 1)::
        "strategies": [{"strategy", "median_evaluations": {"0.01": n, ...}, "hit_rate": {"0.01": f, ...},
                        "median_best_ratio", "median_best_ratio_at": {"25": r, ...}, "ask_ms_median",
                        "ask_ms_p95", "median_free_tells", "seconds",
-                       "vs_tpe": {"fraction", "bound", "hit_rate", "tpe_hit_rate"} (absent for tpe),
+                       "vs_tpe": {"fraction", "bound", "interval": [low, high], "hit_rate", "tpe_hit_rate"}
+                                  (absent for tpe; the interval: the 95% bootstrap interval of the fraction),
                        "runs": [{"seed", "evaluations", "free_tells", "best_ms", "reached": {"0.01": n|null},
                                  "best_ms_at": {"25": ms|null}, "ask_ms_median", "ask_ms_p95", "seconds"}]}]}]}
 
@@ -29,7 +30,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from kernelforge.errors import UserError
-from kernelforge.strategies.bench import REFERENCE, THRESHOLDS, BenchRow, BenchRun, Relative, SpaceBench, percentile
+from kernelforge.strategies.bench import (LEVEL, REFERENCE, THRESHOLDS, BenchRow, BenchRun, Relative, SpaceBench,
+                                          percentile)
 
 JSON_VERSION = 1
 
@@ -99,7 +101,8 @@ def format_space(result: SpaceBench) -> str:
 
 def _relative_text(rel: Relative) -> str:
     fraction = "n/a" if rel.bound == "?" else f"{rel.bound}{rel.fraction:.2f}x"
-    return f"{rel.strategy} {fraction} (hit {rel.hit_rate:.0%} vs {rel.reference_hit_rate:.0%})"
+    interval = f"{LEVEL:.0%} {rel.low:.2f}-{rel.high:.2f}; " if not rel.bound else ""
+    return f"{rel.strategy} {fraction} ({interval}hit {rel.hit_rate:.0%} vs {rel.reference_hit_rate:.0%})"
 
 
 def format_summary(results: Sequence[SpaceBench]) -> str:
@@ -113,7 +116,8 @@ def format_summary(results: Sequence[SpaceBench]) -> str:
     if not lines:
         return ""
     return (f"evaluations to 1% as a fraction of {REFERENCE}'s (below 1: fewer; >x or <x: a bound, one side "
-            f"missed in most seeds; n/a: both did), hit rates to 1% against {REFERENCE}'s:\n" + "\n".join(lines))
+            f"missed in most seeds; n/a: both did), its {LEVEL:.0%} bootstrap interval over seeds, hit rates to 1% "
+            f"against {REFERENCE}'s:\n" + "\n".join(lines))
 
 
 def _finite(value: float | None) -> float | None:
@@ -151,6 +155,7 @@ def _row_json(row: BenchRow, relative: Relative | None) -> dict[str, Any]:
         out[f"vs_{relative.reference}"] = {
             "fraction": relative.fraction,
             "bound": relative.bound,
+            "interval": [relative.low, relative.high],
             "hit_rate": relative.hit_rate,
             f"{relative.reference}_hit_rate": relative.reference_hit_rate,
         }
