@@ -7,6 +7,8 @@ import json
 import re
 from pathlib import Path
 
+from kernelforge.strategies.bench import fraction_interval
+
 REPORT = Path(__file__).resolve().parents[2] / "reports" / "strategy-bench"
 
 
@@ -15,13 +17,18 @@ def _cell(median: float, hit: float, budget: int) -> str:
     return f"{shown} ({round(100 * hit)}%)"
 
 
+def _to_1pct(strategy: dict, budget: int) -> list[int]:
+    return [r["reached"]["0.01"] if r["reached"]["0.01"] is not None else budget + 1 for r in strategy["runs"]]
+
+
 def test_the_readme_table_is_the_stored_run():
     data = json.loads((REPORT / "bench.json").read_text())
     readme = (REPORT / "README.md").read_text()
-    rows = re.findall(r"^\| (\w[^|]*?) \| (\d+) of (\d+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \|$", readme, re.M)
+    rows = re.findall(r"^\| (\w[^|]*?) \| (\d+) of (\d+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \|$",
+                      readme, re.M)
     assert len(rows) == len(data["spaces"]) == 5
     for space, row in zip(data["spaces"], rows):
-        _, feasible, grid, *cells, fraction = (c.strip() for c in row)
+        _, feasible, grid, *cells, fraction, interval = (c.strip() for c in row)
         assert (int(feasible), int(grid)) == (space["feasible"], space["grid_size"])
         by_name = {s["strategy"]: s for s in space["strategies"]}
         for name, cell in zip(("auto", "tpe", "random"), cells):
@@ -29,4 +36,7 @@ def test_the_readme_table_is_the_stored_run():
             assert cell == _cell(s["median_evaluations"]["0.01"], s["hit_rate"]["0.01"], space["budget"]), (space["space"], name)
         vs = by_name["auto"]["vs_tpe"]
         assert fraction == f"{vs['bound']}{vs['fraction']:.2f}", space["space"]
+        # The interval is the stored one, and the stored one is what the runs give.
+        low, high = fraction_interval(_to_1pct(by_name["auto"], space["budget"]), _to_1pct(by_name["tpe"], space["budget"]))
+        assert vs["interval"] == [low, high] and interval == f"{low:.2f}-{high:.2f}", space["space"]
     assert f"--seeds {data['spaces'][0]['seeds']} --budget {data['spaces'][0]['budget']}" in readme
