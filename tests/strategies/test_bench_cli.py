@@ -141,3 +141,50 @@ def test_unknown_name_is_refused_before_any_run(folder):
     spaces = [load_kernel_tuner_cache(folder / "alpha.json")]
     with pytest.raises(UserError, match="unknown strategy"):
         list(bench_spaces(spaces, ["grid", "nope"], seeds=1, budget=2))
+
+
+def _runs(result):
+    return [(row.strategy, r.seed, r.evaluations, dict(r.reached), r.best_time) for row in result.rows for r in row.runs]
+
+
+@pytest.fixture
+def wide(tmp_path):
+    """A 12x10 grid, every point recorded, one optimum: runs need a few dozen evaluations."""
+    params = {"a": list(range(12)), "b": list(range(10))}
+    records = {f"{a},{b}": {"time": 1.0 + abs(a - 7) + 0.5 * abs(b - 3) + 0.01 * ((a * b) % 5)}
+               for a in params["a"] for b in params["b"]}
+    path = tmp_path / "wide.json"
+    path.write_text(json.dumps({"device_name": "Test GPU", "tune_params": params, "cache": records}))
+    return load_kernel_tuner_cache(path)
+
+
+def test_stop_keeps_every_threshold_and_ends_at_one_percent(wide):
+    (full,) = bench_spaces([wide], ["auto", "random"], seeds=3, budget=120, jobs=1)
+    (stopped,) = bench_spaces([wide], ["auto", "random"], seeds=3, budget=120, jobs=1, stop=True)
+    assert stopped.stopped and not full.stopped
+    for whole, cut in zip(_runs(full), _runs(stopped)):
+        assert whole[:2] == cut[:2] and whole[3] == cut[3]  # same strategy, seed, evaluations to each threshold
+        first = whole[3][0.01]
+        assert first is not None and cut[2] == first < whole[2]  # it ended right there, the full run went on
+    assert [r.median_evaluations for r in full.rows] == [r.median_evaluations for r in stopped.rows]
+    assert to_json([stopped])["spaces"][0]["stopped_at_1pct"] is True
+
+
+def test_first_seed_runs_the_same_runs_as_a_longer_bench(wide):
+    (both,) = bench_spaces([wide], ["auto"], seeds=2, budget=40, jobs=1)
+    (later,) = bench_spaces([wide], ["auto"], seeds=1, budget=40, jobs=2, first_seed=1)
+    assert [run for run in _runs(both) if run[1] == 1] == _runs(later)
+    with pytest.raises(ValueError):
+        list(bench_spaces([wide], ["auto"], seeds=1, budget=40, first_seed=-1))
+
+
+def test_cli_first_seed_and_stop(folder, tmp_path):
+    out = tmp_path / "out.json"
+    result = CliRunner().invoke(main, ["strategy-bench", str(folder / "alpha.json"), "--strategy", "grid",
+                                       "--seeds", "2", "--first-seed", "3", "--stop", "--budget", "6", "--jobs", "1",
+                                       "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "seeds 3-4; each run stopped once within 1%" in result.output
+    space = json.loads(out.read_text())["spaces"][0]
+    assert space["stopped_at_1pct"] is True
+    assert [r["seed"] for r in space["strategies"][0]["runs"]] == [3, 4]

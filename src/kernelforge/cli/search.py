@@ -145,14 +145,19 @@ def with_llm(job, mode: str | None, model: str | None, key_env: str | None):
 @click.option("--strategy", "strategies", default=None, metavar="A,B,C",
               help="Comma-separated strategies (" + ", ".join(STRATEGY_NAMES) + "); default: "
                    "auto,tpe,random when auto exists, else tpe,random; random search is always included.")
-@click.option("--seeds", default=10, show_default=True, type=click.IntRange(1), help="Runs per strategy (seeds 0..N-1).")
+@click.option("--seeds", default=10, show_default=True, type=click.IntRange(1),
+              help="Runs per strategy (seeds FIRST..FIRST+N-1).")
+@click.option("--first-seed", default=0, show_default=True, type=click.IntRange(0), metavar="FIRST",
+              help="The first seed: --first-seed 40 --seeds 40 runs seeds 40-79, the same runs as within a longer bench.")
+@click.option("--stop", is_flag=True,
+              help="End each run once within 1% of the optimum: the same evaluations to 1/5/10%, a few times faster.")
 @click.option("--budget", default=100, show_default=True, type=click.IntRange(1), help="Evaluations per run.")
 @click.option("--jobs", default=None, type=click.IntRange(1), metavar="J",
               help="Parallel processes, one run each at a time (default: the CPU count); the figures do not depend on it.")
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), metavar="FILE",
               help="Also write every figure and each run's raw data as JSON to FILE.")
-def strategy_bench(path: str, strategies: str | None, seeds: int, budget: int, jobs: int | None,
-                   json_path: str | None) -> None:
+def strategy_bench(path: str, strategies: str | None, seeds: int, first_seed: int, stop: bool, budget: int,
+                   jobs: int | None, json_path: str | None) -> None:
     """Compare search strategies on recorded tuning spaces: PATH is a Kernel Tuner cache file, or a
     folder whose every *.json / *.json.gz is one. Per space and strategy, over SEEDS seeds: evaluations
     to get within 1%, 5% and 10% of the optimum, best/optimum after 25-200 evaluations, time per ask.
@@ -167,7 +172,7 @@ def strategy_bench(path: str, strategies: str | None, seeds: int, budget: int, j
     spaces = [load_kernel_tuner_cache(file) for file in cache_files(path)]
     names = default_strategies() if strategies is None else [n.strip() for n in strategies.split(",")]
     results = []
-    for result in bench_spaces(spaces, names, seeds=seeds, budget=budget, jobs=jobs):
+    for result in bench_spaces(spaces, names, seeds=seeds, budget=budget, jobs=jobs, first_seed=first_seed, stop=stop):
         results.append(result)
         click.echo(format_space(result) + "\n")
         if json_path is not None:

@@ -19,7 +19,11 @@ a threshold counts as ``budget + 1`` evaluations in the median, so a median is n
 dropping the seeds that failed (printed ``>budget``: more than half the seeds missed).
 
 Runs are independent (one per space, strategy and seed) and seeded, so :func:`bench_spaces` gives
-the same figures (all but the times) whatever number of parallel processes runs them.
+the same figures (all but the times) whatever number of parallel processes runs them, and seeds
+40-79 (``first_seed=40``) are the same runs whether or not seeds 0-39 ran with them. With ``stop``
+each run ends once it is within 1% of the optimum, the tightest threshold: the evaluations to every
+threshold are what a full run gives (a few times faster on a strategy that gets there early), and a
+checkpoint after the stop reads the best at the stop.
 Formatting and JSON are in :mod:`kernelforge.strategies.bench_report`; the CLI is
 ``kernelforge strategy-bench PATH`` (a cache file or a folder of them).
 """
@@ -124,7 +128,8 @@ class Relative:
 @dataclass(frozen=True)
 class SpaceBench:
     """Every strategy on one recorded space: ``feasible`` recorded configurations of a
-    ``grid_size``-point grid, the optimum in ms, and one row per strategy (given order)."""
+    ``grid_size``-point grid, the optimum in ms, and one row per strategy (given order);
+    ``stopped``: each run ended once within 1% of the optimum."""
 
     name: str
     device: str | None
@@ -135,6 +140,7 @@ class SpaceBench:
     budget: int
     seeds: int
     rows: tuple[BenchRow, ...]
+    stopped: bool = False
 
     def relative(self, reference: str = REFERENCE) -> tuple[Relative, ...]:
         """Every other strategy against ``reference`` (empty when it was not benched)."""
@@ -144,8 +150,9 @@ class SpaceBench:
         return tuple(_relative(row, ref) for row in self.rows if row.strategy != reference)
 
 
-def run_one(space: RecordedSpace, strategy: str, seed: int, budget: int) -> BenchRun:
-    """Run one strategy with one seed for up to ``budget`` evaluations on the recorded space.
+def run_one(space: RecordedSpace, strategy: str, seed: int, budget: int, *, stop: bool = False) -> BenchRun:
+    """Run one strategy with one seed for up to ``budget`` evaluations on the recorded space (with
+    ``stop``: until it is within the tightest threshold, 1%, of the optimum).
 
     Raises RuntimeError when the strategy asks a configuration that is not recorded: the space's
     feasible set excludes those, so that is a broken strategy, not a measurement.
@@ -177,8 +184,10 @@ def run_one(space: RecordedSpace, strategy: str, seed: int, budget: int) -> Benc
                     reached[t] = evaluations
         if evaluations in marks:
             best_at[evaluations] = best
+        if stop and reached[min(THRESHOLDS)] is not None:
+            break
     for mark in sorted(marks - set(best_at)):
-        best_at[mark] = best  # the strategy ran out first: its best stands
+        best_at[mark] = best  # the strategy ran out (or stopped) first: its best stands
     return BenchRun(
         strategy=strategy,
         seed=seed,
@@ -211,40 +220,44 @@ def strategy_list(strategies: Sequence[str]) -> list[str]:
 
 
 def bench_spaces(
-    spaces: Sequence[RecordedSpace], strategies: Sequence[str], *, seeds: int, budget: int, jobs: int | None = 1
+    spaces: Sequence[RecordedSpace], strategies: Sequence[str], *, seeds: int, budget: int, jobs: int | None = 1,
+    first_seed: int = 0, stop: bool = False,
 ) -> Iterator[SpaceBench]:
-    """Bench every strategy (see :func:`strategy_list`) for seeds ``0..seeds-1`` with ``budget``
-    evaluations on each space, yielding one :class:`SpaceBench` per space in order as soon as its
-    runs are done.
+    """Bench every strategy (see :func:`strategy_list`) for ``seeds`` seeds from ``first_seed`` with
+    ``budget`` evaluations on each space (with ``stop``, each run ends within 1% of the optimum: see
+    the module docstring), yielding one :class:`SpaceBench` per space in order as soon as its runs
+    are done.
 
     ``jobs``: parallel processes (None: ``os.cpu_count()``); each (space, strategy, seed) run is a
     task; 1 runs them in this process. The figures do not depend on ``jobs`` (runs are seeded),
     only the measured times do. Unknown strategy names, or one whose packages are missing, raise
     UserError before any run starts.
     """
-    if seeds < 1 or budget < 1:
-        raise ValueError("seeds and budget must be at least 1")
+    if seeds < 1 or budget < 1 or first_seed < 0:
+        raise ValueError("seeds and budget must be at least 1, first_seed at least 0")
     names = strategy_list(strategies)
     spaces = list(spaces)
     for space in spaces:
         space.optimum()  # a space with no recorded time: UserError now, not in a worker
     for name in names if spaces else ():
         make_strategy(name, spaces[0].space, seed=0)
-    tasks = [(i, name, seed) for i in range(len(spaces)) for name in names for seed in range(seeds)]
+    tasks = [(i, name, seed) for i in range(len(spaces)) for name in names
+             for seed in range(first_seed, first_seed + seeds)]
     jobs = min(jobs or os.cpu_count() or 1, max(1, len(tasks)))
     per_space = len(names) * seeds
     if jobs == 1:
-        runs = (run_one(spaces[i], name, seed, budget) for i, name, seed in tasks)
-        yield from _group(spaces, names, seeds, budget, runs, per_space)
+        runs = (run_one(spaces[i], name, seed, budget, stop=stop) for i, name, seed in tasks)
+        yield from _group(spaces, names, seeds, budget, runs, per_space, stop)
         return
     # The spaces go to each worker once (initializer), the tasks are small tuples.
-    with ProcessPoolExecutor(max_workers=jobs, initializer=_init_worker, initargs=(tuple(spaces), budget)) as pool:
+    with ProcessPoolExecutor(max_workers=jobs, initializer=_init_worker,
+                             initargs=(tuple(spaces), budget, stop)) as pool:
         runs = pool.map(_run_task, tasks, chunksize=1)  # results in task order, whatever finishes first
-        yield from _group(spaces, names, seeds, budget, runs, per_space)
+        yield from _group(spaces, names, seeds, budget, runs, per_space, stop)
 
 
 def _group(spaces: list[RecordedSpace], names: list[str], seeds: int, budget: int, runs: Iterator[BenchRun],
-           per_space: int) -> Iterator[SpaceBench]:
+           per_space: int, stop: bool) -> Iterator[SpaceBench]:
     runs = iter(runs)
     for space in spaces:
         done = [next(runs) for _ in range(per_space)]
@@ -262,6 +275,7 @@ def _group(spaces: list[RecordedSpace], names: list[str], seeds: int, budget: in
             budget=budget,
             seeds=seeds,
             rows=rows,
+            stopped=stop,
         )
 
 
@@ -269,16 +283,17 @@ def _group(spaces: list[RecordedSpace], names: list[str], seeds: int, budget: in
 _WORKER: dict[str, object] = {}
 
 
-def _init_worker(spaces: tuple[RecordedSpace, ...], budget: int) -> None:
+def _init_worker(spaces: tuple[RecordedSpace, ...], budget: int, stop: bool) -> None:
     _WORKER["spaces"] = spaces
     _WORKER["budget"] = budget
+    _WORKER["stop"] = stop
 
 
 def _run_task(task: tuple[int, str, int]) -> BenchRun:
     index, name, seed = task
     spaces: tuple[RecordedSpace, ...] = _WORKER["spaces"]  # type: ignore[assignment]
     budget: int = _WORKER["budget"]  # type: ignore[assignment]
-    return run_one(spaces[index], name, seed, budget)
+    return run_one(spaces[index], name, seed, budget, stop=bool(_WORKER["stop"]))
 
 
 def summarise(name: str, runs: tuple[BenchRun, ...], budget: int, optimum: float) -> BenchRow:

@@ -9,7 +9,7 @@ JSON shape (``version`` 1)::
 
     {"version": 1, "thresholds": [0.01, 0.05, 0.1], "spaces": [
       {"space", "device", "feasible", "grid_size", "optimum_ms", "optimum_point", "budget", "seeds",
-       "checkpoints": [25, ...],
+       "stopped_at_1pct" (each run ended once within 1%), "checkpoints": [25, ...],
        "strategies": [{"strategy", "median_evaluations": {"0.01": n, ...}, "hit_rate": {"0.01": f, ...},
                        "median_best_ratio", "median_best_ratio_at": {"25": r, ...}, "ask_ms_median",
                        "ask_ms_p95", "median_free_tells", "seconds",
@@ -96,6 +96,11 @@ def format_space(result: SpaceBench) -> str:
     device = f" on {result.device}" if result.device else ""
     head = (f"== {result.name}{device}: {result.feasible} feasible (recorded) configurations of a "
             f"{result.grid_size}-point grid")
+    seeds = sorted(run.seed for run in result.rows[0].runs) if result.rows else []
+    if seeds:
+        head += f"; seeds {seeds[0]}-{seeds[-1]}"
+    if result.stopped:
+        head += "; each run stopped once within 1% (best/opt after that: the best at the stop)"
     return head + "\n" + format_table(result.rows)
 
 
@@ -174,6 +179,7 @@ def _space_json(result: SpaceBench) -> dict[str, Any]:
         "optimum_point": dict(result.optimum_point),
         "budget": result.budget,
         "seeds": result.seeds,
+        "stopped_at_1pct": result.stopped,
         "checkpoints": list(result.rows[0].median_best_ratio_at) if result.rows else [],
         "strategies": [_row_json(row, relatives.get(row.strategy)) for row in result.rows],
     }
