@@ -6,7 +6,13 @@ about; this strategy proposes only feasible points and spends each evaluation wh
 members expects the most:
 
 1. the baseline point(s) (and warm-start points), then ``start`` points drawn at random from the
-   feasible set;
+   feasible set, every other one from its *aligned* points: those where every size that offers
+   both powers of two and other values takes a power of two (a size: an integer parameter whose
+   values are all at least 1, such as convolution's block width 16..256 in steps of 16 and its
+   tile sizes 1..4; not a selector 0..3). GPU kernels are fast at powers of two far more often
+   than between them (warps, vector widths, aligned tiles, bank counts), so a fast region that
+   needs several sizes aligned at once is found there several times as often; the other half
+   keeps the start an unbiased sample (:attr:`AutoStrategy.aligned_start`);
 2. then each ask goes to a member, drawn with odds that follow the members' recent rates of gain
    (how much their points improved the best, per point told, over the last ``window`` tells: a
    member is not favoured for having been asked often; at least ``floor`` each):
@@ -45,7 +51,7 @@ import numpy as np
 from kernelforge.space import Space
 from kernelforge.strategies.base import Key, Strategy
 from kernelforge.strategies.parzen import ParzenRatio
-from kernelforge.strategies.surrogate import Encoder, GaussianProcess, expected_improvement, hashable
+from kernelforge.strategies.surrogate import Encoder, GaussianProcess, expected_improvement, hashable, is_power_of_two
 
 #: The portfolio's members: the Gaussian process's expected improvement, the Parzen ratio, and
 #: the local search that works through the unseen neighbours of the best points, best first.
@@ -77,12 +83,17 @@ class AutoStrategy(Strategy):
     wide = 32
     #: Points whose estimated chance to run is below this are asked only when nothing else is left.
     min_chance = 0.2
+    #: Every other start point is drawn from the aligned points (see the module docstring, 1).
+    aligned_start = True
 
     def __init__(self, space: Space, *, seed: int = 0, baseline: Mapping | None = None):
         super().__init__(space, seed=seed, baseline=baseline)
         self._rng = random.Random(seed)
         self._np_rng = np.random.default_rng(seed)
         self._encoder = Encoder(space)
+        #: The parameters an aligned point takes at a power of two: those with a power-of-two
+        #: column whose values are all at least 1 (sizes; a 0 marks a selector or a flag).
+        self.sizes = [p for p in self._encoder.powers_of_two if min(space.params[p][1]) >= 1]
         self._gp = GaussianProcess(self._encoder)
         self._failures = GaussianProcess(self._encoder)  # 1 where a told point failed, 0 where it ran
         self._failures_refit_at = 0
@@ -97,6 +108,7 @@ class AutoStrategy(Strategy):
             self._index = {key: i for i, key in enumerate(self._feasible)}
             self._matrix = self._encoder.encode(self._feasible)
             self._code_matrix = self._positions_of(self._feasible)
+            self._aligned = np.array([self.aligned(key) for key in self._feasible], dtype=bool)
         self._queue: deque[Key] = deque()
         self._refit_at = 0
         self._parzen = ParzenRatio(space)
@@ -125,20 +137,28 @@ class AutoStrategy(Strategy):
             return key in self._index
         return self.space.contains(self.point(key))
 
-    def _random_unseen(self, count: int) -> list[Key]:
-        """Up to ``count`` distinct unseen feasible points, drawn at random."""
+    def aligned(self, key: Key) -> bool:
+        """Whether every size that offers both powers of two and other values (:attr:`sizes`)
+        takes a power of two at ``key``; True where there is none."""
+        return all(is_power_of_two(key[p]) for p in self.sizes)
+
+    def _random_unseen(self, count: int, *, aligned: bool = False) -> list[Key]:
+        """Up to ``count`` distinct unseen feasible points, drawn at random (``aligned``: from
+        the :meth:`aligned` ones only)."""
         if self._feasible is not None:
             taken = np.zeros(len(self._feasible), dtype=bool)  # from known and pending: a withdrawn point is free again
             taken[[self._index[k] for k in (*self.known, *self.pending) if k in self._index]] = True
-            free = np.flatnonzero(~taken)
+            free = np.flatnonzero(~taken & self._aligned if aligned else ~taken)
             if len(free) > count:
                 free = self._np_rng.choice(free, count, replace=False)
             return [self._feasible[i] for i in free]
+        choices = [[v for v in values if not aligned or p not in self.sizes or is_power_of_two(v)]
+                   for p, (_, values) in enumerate(self.space.params)]
         out: dict[Key, None] = {}
         for _ in range(count * 50):
             if len(out) >= count:
                 break
-            key = tuple(self._rng.choice(values) for _, values in self.space.params)
+            key = tuple(self._rng.choice(values) for values in choices)
             if self._free(key) and key not in out and self.space.contains(self.point(key)):
                 out[key] = None
         return list(out)
@@ -173,7 +193,8 @@ class AutoStrategy(Strategy):
                 return self._hand_out(key)
         ok = [k for k, v in self.known.items() if v is not None]
         if len(ok) < 2 or len(self.known) < self.start + len(self.baselines):
-            picks = self._random_unseen(1)
+            aligned = self.aligned_start and (len(self.known) + len(self.pending)) % 2 == 0
+            picks = (self._random_unseen(1, aligned=True) if aligned else []) or self._random_unseen(1)
             return self._hand_out(picks[0]) if picks else None
         chosen = self._best_candidate(ok, self._choose_member())
         if chosen is None:
