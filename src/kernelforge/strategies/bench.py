@@ -301,7 +301,7 @@ def summarise(name: str, runs: tuple[BenchRun, ...], budget: int, optimum: float
     median_evaluations = {}
     hit_rate = {}
     for t in THRESHOLDS:
-        counts = [r.reached[t] if r.reached[t] is not None else budget + 1 for r in runs]
+        counts = evaluations_to(runs, t, budget)
         median_evaluations[t] = statistics.median(counts)
         hit_rate[t] = sum(r.reached[t] is not None for r in runs) / len(runs)
     at = {c: statistics.median(ratio(r.best_at[c], optimum) for r in runs) for c in checkpoints(budget)}
@@ -335,9 +335,9 @@ def percentile(ordered: Sequence[float], q: float) -> float:
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
-def evaluations_to(row: BenchRow, threshold: float) -> list[int]:
-    """Each run's evaluations to ``threshold``, a miss counted as ``budget + 1`` (as the median is)."""
-    return [r.reached[threshold] if r.reached[threshold] is not None else row.budget + 1 for r in row.runs]
+def evaluations_to(runs: Sequence[BenchRun], threshold: float, budget: int) -> list[int]:
+    """Each run's evaluations to ``threshold``, a miss counted as ``budget + 1``."""
+    return [r.reached[threshold] if r.reached[threshold] is not None else budget + 1 for r in runs]
 
 
 def fraction_interval(mine: Sequence[float], theirs: Sequence[float], *, resamples: int = RESAMPLES,
@@ -365,7 +365,7 @@ def _relative(row: BenchRow, ref: BenchRow) -> Relative:
     mine, theirs = row.median_evaluations[t], ref.median_evaluations[t]
     missed, ref_missed = mine > row.budget, theirs > ref.budget
     bound = "?" if missed and ref_missed else ">" if missed else "<" if ref_missed else ""
-    low, high = fraction_interval(evaluations_to(row, t), evaluations_to(ref, t))
+    low, high = fraction_interval(evaluations_to(row.runs, t, row.budget), evaluations_to(ref.runs, t, ref.budget))
     return Relative(
         strategy=row.strategy,
         reference=ref.strategy,
