@@ -94,6 +94,9 @@ class AutoStrategy(Strategy):
         #: The parameters an aligned point takes at a power of two: those with a power-of-two
         #: column whose values are all at least 1 (sizes; a 0 marks a selector or a flag).
         self.sizes = [p for p in self._encoder.powers_of_two if min(space.params[p][1]) >= 1]
+        #: Each parameter's values an aligned point may take (sampled spaces draw from these).
+        self._aligned_values = [[v for v in values if p not in self.sizes or is_power_of_two(v)]
+                                for p, (_, values) in enumerate(space.params)]
         self._gp = GaussianProcess(self._encoder)
         self._failures = GaussianProcess(self._encoder)  # 1 where a told point failed, 0 where it ran
         self._failures_refit_at = 0
@@ -108,7 +111,8 @@ class AutoStrategy(Strategy):
             self._index = {key: i for i, key in enumerate(self._feasible)}
             self._matrix = self._encoder.encode(self._feasible)
             self._code_matrix = self._positions_of(self._feasible)
-            self._aligned = np.array([self.aligned(key) for key in self._feasible], dtype=bool)
+            self._aligned = (np.array([self.aligned(key) for key in self._feasible], dtype=bool) if self.sizes
+                             else np.ones(len(self._feasible), dtype=bool))
         self._queue: deque[Key] = deque()
         self._refit_at = 0
         self._parzen = ParzenRatio(space)
@@ -152,8 +156,7 @@ class AutoStrategy(Strategy):
             if len(free) > count:
                 free = self._np_rng.choice(free, count, replace=False)
             return [self._feasible[i] for i in free]
-        choices = [[v for v in values if not aligned or p not in self.sizes or is_power_of_two(v)]
-                   for p, (_, values) in enumerate(self.space.params)]
+        choices = self._aligned_values if aligned else [values for _, values in self.space.params]
         out: dict[Key, None] = {}
         for _ in range(count * 50):
             if len(out) >= count:
