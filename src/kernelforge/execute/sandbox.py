@@ -11,8 +11,9 @@ imported, which it must still be able to do):
   holds nothing else either;
 - **Landlock** (:mod:`kernelforge.execute.landlock`): it reads only the system, the Python
   installation, ``sys.path`` and the kernels folders; it writes only its temporary folder; it
-  executes nothing (the interpreter worker) or only Triton's ptxas (the CUDA worker and the
-  compile pool, where Triton runs it); no TCP (ABI 4+); abstract UNIX sockets and signals scoped
+  executes nothing (the interpreter worker), only Triton's ptxas (the compile pool), or ptxas and
+  the C compiler with its programs (the CUDA worker: Triton 3.6 builds a C launcher for each
+  kernel at its first launch, :func:`c_compiler_tools`); no TCP (ABI 4+); abstract UNIX sockets and signals scoped
   to the sandbox (ABI 6+);
 - **seccomp** (:mod:`kernelforge.execute.seccomp`, through libseccomp): no socket but UNIX ones;
   in the interpreter worker no new process at all (fork, vfork, exec, clone without
@@ -25,8 +26,11 @@ What this kernel offers is decided once, by :func:`sandbox_plan`, and recorded w
 what the plan promises refuses to start. ``KERNELFORGE_SANDBOX=off`` turns the OS sandbox off (for
 a host where it breaks the GPU driver; recorded as ``none: disabled ...``).
 
-The rules for a GPU host (``/dev/nvidia*``, ``/proc/driver/nvidia``, ``/sys``, ``/dev/shm``, ptxas
-for the JIT) are NOT TESTED by this project's tests, which run without a GPU.
+The CUDA role's rules are tested on a CPU as far as a CPU allows: a launcher-like module built
+with Triton's own build helper under exactly those rules (``tests/execute/test_sandbox.py``). The
+device files of a GPU host (``/dev/nvidia*``, ``/proc/driver/nvidia``, ``/dev/shm``) are not: the
+tests run without a GPU; the proof script falls back to ``KERNELFORGE_SANDBOX=off``, and says so,
+where the sandboxed worker cannot start on a GPU host (docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -282,38 +286,103 @@ def _readable_roots(read_roots: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(roots))
 
 
-def _executables() -> list[str]:
-    """What the CUDA worker and the compile pool may run: Triton's NVIDIA tools (ptxas), or the
-    tools its settings name instead."""
+def c_compiler() -> str | None:
+    """The C compiler Triton builds its modules with, by Triton's own rule (``triton/runtime/
+    build.py``): ``$CC``, else ``gcc``, else ``clang``, as found on ``PATH``; None when there is none."""
+    import shutil
+
+    cc = os.environ.get("CC")
+    if cc:
+        return shutil.which(cc) or cc
+    return shutil.which("gcc") or shutil.which("clang")
+
+
+def c_compiler_tools(cc: str | None = None) -> list[str]:
+    """What the C compiler runs to build a shared module: itself, the programs it names for
+    ``cc1``, ``as``, ``collect2``, ``ld`` and ``lto-wrapper`` (asked with ``-print-prog-name``, so
+    a compiler in another place or of another version is followed), and the folder of its own
+    internal programs. Empty when there is no compiler. Asked before the sandbox is applied."""
+    import shutil
+    import subprocess
+
+    cc = cc or c_compiler()
+    if not cc or not os.path.exists(cc):
+        return []
+    tools = [cc]
+    for program in ("cc1", "as", "collect2", "ld", "lto-wrapper"):
+        try:
+            named = subprocess.run([cc, f"-print-prog-name={program}"], capture_output=True, text=True,
+                                   timeout=10, check=False).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            continue
+        found = named if os.path.isabs(named) else shutil.which(named) if named else None
+        if found and os.path.exists(found):
+            tools.append(found)
+            if program == "cc1":  # gcc's folder of internal programs (cc1, collect2, lto-wrapper, ...)
+                tools.append(os.path.dirname(found))
+    return list(dict.fromkeys(tools))
+
+
+def _executables(role: "Role") -> list[str]:
+    """What a process of ``role`` may run: nothing in the interpreter worker; Triton's NVIDIA
+    tools (ptxas), or the tools its settings name instead, in the compile pool and the CUDA
+    worker; and in the CUDA worker also the C compiler and its programs (:func:`c_compiler_tools`),
+    since Triton up to 3.6 builds a C launcher module for every compiled kernel signature at its
+    first launch (``triton/backends/nvidia/driver.py`` ``make_launcher``), inside the worker."""
+    if role is Role.INTERPRETER:
+        return []
     import triton
 
     tools = [os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")]
     tools += [os.environ[f"TRITON_{name}_PATH"] for name in ("PTXAS", "PTXAS_BLACKWELL", "CUOBJDUMP", "NVDISASM")
               if os.environ.get(f"TRITON_{name}_PATH")]
+    if role is Role.CUDA:
+        tools += c_compiler_tools()
     return tools
 
 
+def _build_includes() -> list[str]:
+    """The C headers a module build reads beside the system's: Python's (``Python.h``)."""
+    import sysconfig
+
+    scheme = sysconfig.get_default_scheme()
+    scheme = "posix_prefix" if scheme == "posix_local" else scheme  # Triton's own choice of scheme
+    paths = sysconfig.get_paths(scheme=scheme)
+    return [paths[key] for key in ("include", "platinclude") if paths.get(key)]
+
+
+def role_rules(role: "Role", temp_dir: str, read_roots: Sequence[str] = ()) -> list[landlock.Rule]:
+    """The Landlock rules of a process of ``role`` whose temporary folder is ``temp_dir``
+    (:func:`kernelforge.execute.landlock.process_rules`): what it reads, writes and runs. The CUDA
+    worker also reads Python's C headers, which Triton's launcher build includes."""
+    roots = _readable_roots(read_roots)
+    if role is Role.CUDA:
+        roots = list(dict.fromkeys([*roots, *_build_includes()]))
+    return landlock.process_rules(str(Path(temp_dir).resolve()), roots, _executables(role), gpu=role is Role.CUDA)
+
+
 def _start_gpu_toolchain() -> None:
-    """Do now what Triton would otherwise do in the sandbox at the first launch: find libcuda
-    (it runs ``ldconfig``) and build its launcher module (it runs the C compiler). Untested
-    here: no GPU where the tests run."""
+    """Do now, before the sandbox, what Triton would otherwise first do inside it: find libcuda
+    (it runs ``ldconfig``) and build its driver utilities (it runs the C compiler). Each kernel's
+    launcher is still built inside the sandbox at its first launch, which :func:`_executables`
+    allows."""
     from triton.runtime.driver import driver
 
     driver.active.get_current_target()
 
 
-def apply_sandbox(role: Role, temp_dir: str, read_roots: Sequence[str] = ()) -> SandboxPlan:
-    """Confine the current process as ``role`` (see the module docstring): Landlock, then seccomp,
-    as far as :func:`sandbox_plan` says this machine offers them. Irrevocable; inherited by every
-    thread and child. Raises OSError when a layer the plan promises cannot be applied."""
+def apply_sandbox(role: Role, temp_dir: str, read_roots: Sequence[str] = (), *,
+                  start_toolchain: bool = True) -> SandboxPlan:
+    """Confine the current process as ``role`` (see the module docstring): Landlock
+    (:func:`role_rules`), then seccomp, as far as :func:`sandbox_plan` says this machine offers
+    them. Irrevocable; inherited by every thread and child. Raises OSError when a layer the plan
+    promises cannot be applied. ``start_toolchain=False`` skips the GPU driver's start (for a
+    test of the CUDA role's rules on a machine without a GPU)."""
     plan = sandbox_plan()
-    if role is Role.CUDA and (plan.landlock_abi or plan.seccomp):
+    if role is Role.CUDA and start_toolchain and (plan.landlock_abi or plan.seccomp):
         _start_gpu_toolchain()
     if plan.landlock_abi:
-        runs = _executables() if role is not Role.INTERPRETER else []
-        rules = landlock.process_rules(str(Path(temp_dir).resolve()), _readable_roots(read_roots), runs,
-                                       gpu=role is Role.CUDA)
-        landlock.restrict(rules, handled=landlock.HANDLED)
+        landlock.restrict(role_rules(role, temp_dir, read_roots), handled=landlock.HANDLED)
     if plan.seccomp:
         seccomp.install(allow_processes=role is not Role.INTERPRETER)
     return plan
