@@ -16,7 +16,8 @@ import torch
 from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
 from kernelforge.devices.base import MethodUnavailable
-from kernelforge.devices.cuda import EVENTS, GRAPH, GRAPH_THRESHOLD_S, CudaDevice, choose_method
+from kernelforge.devices.cuda import (BACKLOG_MAX_S, EVENTS, GRAPH, GRAPH_THRESHOLD_S, CudaDevice,
+                                      backlog_seconds, choose_method)
 from kernelforge.devices.interpret import INTERPRETER_METHOD, InterpretDevice
 from kernelforge.execute.inprocess import InProcessExecutor
 from kernelforge.execute.worker import WorkerExecutor
@@ -29,12 +30,23 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kernels"
 
 class SimulatedGpu(CudaDevice):
     """``CudaDevice.time`` as written, over a simulated GPU: every event-timed call takes
-    ``call_s``, a graph replay takes ``call_s`` minus the launch overhead, and capture fails when
-    ``capturable`` is False (a call that synchronises the host)."""
+    ``call_s`` on the GPU and ``launch_s`` on the host to enqueue, a graph replay takes ``call_s``
+    minus the launch overhead, and capture fails when ``capturable`` is False (a call that
+    synchronises the host)."""
 
-    def __init__(self, call_s: float, capturable: bool = True):
+    def __init__(self, call_s: float, capturable: bool = True, launch_s: float = 3e-6):
         super().__init__(warmup=1, rounds=1, calls_per_round=5)
-        self.call_s, self.capturable = call_s, capturable
+        self.call_s, self.capturable, self.launch_s = call_s, capturable, launch_s
+        self.spins: list[float] = []
+
+    def _spin(self, seconds):
+        self.spins.append(seconds)
+
+    def _launch_samples(self, calls, count):
+        for i in range(count):
+            self._prepare_call()
+            calls[i % len(calls)]()
+        return [self.launch_s] * count
 
     def synchronize(self) -> None:
         pass
@@ -68,6 +80,24 @@ def test_choose_method_is_the_threshold_on_the_probe():
     assert choose_method(GRAPH_THRESHOLD_S * 0.95) == GRAPH
     assert choose_method(GRAPH_THRESHOLD_S) == EVENTS
     assert choose_method(1e-3) == EVENTS
+
+
+def test_a_launch_bound_call_is_timed_as_graph_replays_as_serving_runs_it():
+    # Decode at batch 8 or MoE at a few tokens: 60 us on the GPU, 45 us of Python to enqueue.
+    assert choose_method(60e-6, host_launch_s=45e-6) == GRAPH
+    assert choose_method(60e-6, host_launch_s=10e-6) == EVENTS
+    assert choose_method(5e-3, host_launch_s=1e-3) == EVENTS  # long kernels: events
+    timing = _time(SimulatedGpu(60e-6, launch_s=45e-6))
+    assert timing.method == GRAPH and timing.extra["launch_bound"] is True
+    assert timing.extra["host_launch_s"] == pytest.approx(45e-6)  # stored beside the GPU time
+
+
+def test_the_gpu_work_queued_ahead_outlasts_the_hosts_launch_and_is_stored():
+    device = SimulatedGpu(200e-6, launch_s=30e-6)
+    timing = _time(device)
+    assert timing.method == EVENTS and timing.extra["launch_bound"] is False
+    assert timing.extra["backlog_s"] == pytest.approx(backlog_seconds(30e-6))
+    assert backlog_seconds(30e-6) > 30e-6 and backlog_seconds(1.0) == BACKLOG_MAX_S
 
 
 def test_a_candidate_across_the_threshold_keeps_the_baselines_method():

@@ -2,12 +2,22 @@
 
 CUDA-event timing following EVALUATION.md: warm-up outside the timed region, inputs rotated through
 several freshly allocated sets (plus an L2 flush when the sets together would fit in L2), fixed
-call counts, median with p20/p80, CUDA-graph replays for kernels under about 20 us, a full device
-synchronisation before reading the events, wall time recorded beside event time, and joules per
-call from NVML's energy counter whenever it answers (:mod:`kernelforge.devices.nvml`; without
-``nvidia-ml-py`` the timing says so in ``Timing.extra["energy"]``). The method (events or graph
-replays) is decided once per (block, shape, dtype), from the baseline's probe
-(:func:`choose_method`), and every other candidate on the shape is timed with it. The event times are cross-checked against the
+call counts, median with p20/p80, a full device synchronisation before reading the events, wall
+time recorded beside event time, and joules per call from NVML's energy counter whenever it answers
+(:mod:`kernelforge.devices.nvml`; without ``nvidia-ml-py`` the timing says so in
+``Timing.extra["energy"]``).
+
+The GPU is timed, not the host. An event records when the GPU reaches it: with nothing queued
+ahead, the start event fires at once and the GPU then waits for the host's Python to enqueue the
+call, so a launch-bound call (decode at small batch, MoE at a few tokens: 50-70 us on the GPU)
+would time the host's launch path. So every event-timed call has GPU work queued ahead of its
+start event (a spin of :func:`backlog_seconds` of the host's measured launch time, as
+``triton.testing.do_bench``'s cache flush does by accident), and the events see only the GPU's
+work. The host's launch time itself is measured apart (``Timing.extra["host_launch_s"]``): it is
+what a call costs wherever it is not captured in a CUDA graph. The method (events or CUDA-graph
+replays) is decided once per (block, shape, dtype) from the baseline's device-side probe and its
+launch time (:func:`choose_method`: short or launch-bound calls are graph replays, as serving
+engines run them), and every other candidate on the shape is timed with it. The event times are cross-checked against the
 host: a call whose GPU work outlives its end event (work on a side stream the events do not see)
 is flagged in ``Timing.extra["event_wall_mismatch"]``.
 """
@@ -26,9 +36,18 @@ from kernelforge.devices.nvml import Nvml, energy_per_call
 from kernelforge.errors import UserError
 from kernelforge.result import Timing
 
-#: Kernels faster than this are timed as CUDA-graph replays: launch overhead (about 5 us) would
-#: otherwise dominate an event pair (EVALUATION.md).
+#: Calls shorter than this on the GPU are timed as CUDA-graph replays: launch overhead (about 5 us
+#: per kernel) would otherwise dominate an event pair (EVALUATION.md).
 GRAPH_THRESHOLD_S = 20e-6
+#: A call whose host launch time is at least this fraction of its GPU time is launch-bound: serving
+#: engines (vLLM, SGLang) capture such calls (decode, small-batch MoE) in CUDA graphs, so they are
+#: timed as graph replays too.
+LAUNCH_BOUND_FRACTION = 0.5
+#: GPU work queued ahead of each timed call: this many times the host's launch time, plus a margin,
+#: within the bounds below (the spin must outlast the enqueue, and costs device time when long).
+BACKLOG_FACTOR = 2.0
+BACKLOG_MARGIN_S = 20e-6
+BACKLOG_MAX_S = 5e-3
 #: Target length of one timing round; bounds the device time spent on very long kernels.
 ROUND_SECONDS = 1.0
 #: Side-stream check: the host waits for a call's GPU work after enqueuing it (``drain``). Work
@@ -45,13 +64,24 @@ GRAPH = "cuda-graph"
 METHODS = (EVENTS, GRAPH)
 
 
-def choose_method(probe_median_s: float) -> str:
-    """THE timing-method decision of a shape, made once from its baseline's probe (the median of
-    5 event-timed calls): CUDA-graph replays under :data:`GRAPH_THRESHOLD_S`, events otherwise.
-    The probe includes host launch time, so near the threshold two kernels of about the same
-    speed could land on different sides: that is why every other candidate on the shape is timed
-    with the method this decision gave its baseline (EVALUATION.md, one timing method per shape)."""
-    return GRAPH if probe_median_s < GRAPH_THRESHOLD_S else EVENTS
+def choose_method(device_s: float, host_launch_s: float = 0.0) -> str:
+    """THE timing-method decision of a shape, made once from its baseline's probe: ``device_s``,
+    the median GPU time of 5 event-timed calls with work queued ahead (so no host time is in it),
+    and ``host_launch_s``, the median time the host takes to enqueue one call. CUDA-graph replays
+    when the call is short on the GPU (under :data:`GRAPH_THRESHOLD_S`) or launch-bound (its launch
+    takes at least :data:`LAUNCH_BOUND_FRACTION` of its GPU time: served under CUDA graphs);
+    events otherwise. Near a boundary two kernels of about the same speed could land on
+    different sides: that is why every other candidate on the shape is timed with the method this
+    decision gave its baseline (EVALUATION.md, one timing method per shape)."""
+    if device_s < GRAPH_THRESHOLD_S or host_launch_s >= LAUNCH_BOUND_FRACTION * device_s:
+        return GRAPH
+    return EVENTS
+
+
+def backlog_seconds(host_launch_s: float) -> float:
+    """How long the GPU work queued ahead of each timed call should keep the GPU busy: long enough
+    that the host has enqueued the whole call before the start event is reached."""
+    return min(BACKLOG_MAX_S, BACKLOG_FACTOR * host_launch_s + BACKLOG_MARGIN_S)
 
 
 class CudaDevice(Device):
@@ -110,11 +140,14 @@ class CudaDevice(Device):
         self.synchronize()
         # Rotating the input sets keeps the cache cold only if they do not fit in L2 together.
         flush = working_set_bytes * len(calls) < 2 * self._l2_bytes()
+        launch_s = statistics.median(self._launch_samples(calls, 5))
+        self._backlog_s = backlog_seconds(launch_s)
         probe = self._event_samples(calls, 5, flush)
         probe_s = statistics.median(probe)
-        drain = {**self._drain_check(calls, probe_s), "probe_s": probe_s,
+        drain = {**self._drain_check(calls, probe_s), "probe_s": probe_s, "host_launch_s": launch_s,
+                 "backlog_s": self._backlog_s, "launch_bound": launch_s >= LAUNCH_BOUND_FRACTION * probe_s,
                  "method_from": "probe" if method is None else "the shape's baseline"}
-        chosen = method or choose_method(probe_s)
+        chosen = method or choose_method(probe_s, launch_s)
         if chosen == GRAPH:
             try:
                 return self._with_drain(self._time_graph(calls), drain)
@@ -173,13 +206,50 @@ class CudaDevice(Device):
         timing.extra.update(drain)
         return timing
 
+    def _spin(self, seconds: float) -> None:
+        """Queue ``seconds`` of GPU work on the current stream (a clock spin, no memory traffic)."""
+        if seconds > 0:
+            torch.cuda._sleep(max(1, int(seconds * self._cycles_per_second())))
+
+    def _cycles_per_second(self) -> float:
+        """The spin's clock rate, measured once with events (the SM clock boosts, so a datasheet
+        figure would be wrong)."""
+        if getattr(self, "_spin_rate", None) is None:
+            cycles = 2_000_000
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(cycles)  # warm
+            start.record()
+            torch.cuda._sleep(cycles)
+            end.record()
+            self.synchronize()
+            self._spin_rate = cycles / max(start.elapsed_time(end) / 1e3, 1e-9)
+        return self._spin_rate
+
+    def _launch_samples(self, calls: Sequence[Call], count: int) -> list[float]:
+        """Host seconds to enqueue one call while the GPU is busy (so the enqueue never waits on
+        it): the launch overhead a call pays wherever it is not captured in a CUDA graph."""
+        samples = []
+        for i in range(count):
+            self._prepare_call()
+            self.synchronize()
+            self._spin(BACKLOG_MAX_S)
+            start = time.perf_counter()
+            calls[i % len(calls)]()
+            samples.append(time.perf_counter() - start)
+            self.synchronize()
+        return samples
+
     def _event_samples(self, calls: Sequence[Call], count: int, flush: bool) -> list[float]:
+        """Event times of ``count`` calls, each with the L2 flush (when ``flush``) and a spin of
+        the round's backlog queued ahead of its start event: the events time the GPU's work only."""
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+        backlog = getattr(self, "_backlog_s", BACKLOG_MARGIN_S)
         for i in range(count):
             self._prepare_call()
             if flush:
                 self._flush_l2()
+            self._spin(backlog)
             starts[i].record()
             calls[i % len(calls)]()
             ends[i].record()
@@ -210,6 +280,7 @@ class CudaDevice(Device):
         for _ in range(self.rounds):
             starts = [torch.cuda.Event(enable_timing=True) for _ in range(10)]
             ends = [torch.cuda.Event(enable_timing=True) for _ in range(10)]
+            self._spin(getattr(self, "_backlog_s", BACKLOG_MARGIN_S))  # the host's first replay is queued in time
             for s, e in zip(starts, ends):
                 s.record()
                 graph.replay()
@@ -242,7 +313,8 @@ class CudaDevice(Device):
             "sm_count": props.multi_processor_count,
             "memory_gib": round(props.total_memory / 2**30, 1),
             "cuda": torch.version.cuda,
-            "timing": "CUDA events or CUDA-graph replays, one method per shape (median, p20/p80)",
+            "timing": "CUDA events behind queued GPU work, or CUDA-graph replays, one method per shape "
+                      "(median, p20/p80)",
             **facts,
             **library_versions(),
         }

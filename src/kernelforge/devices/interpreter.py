@@ -314,10 +314,14 @@ def patch_bf16() -> bool:
 
 
 def enable() -> None:
-    """Turn the interpreter on for kernels decorated from now on, and fix its bf16.
+    """Turn the interpreter on for kernels decorated from now on, and fix its bf16 and (Triton
+    3.6 with NumPy 2.4) its scalars used as integers (:mod:`kernelforge.devices.interpreter_index`).
 
     ``TRITON_INTERPRET`` is read when ``@triton.jit`` decorates a function, so call this before
     importing any module that defines kernels.
     """
+    from kernelforge.devices.interpreter_index import patch_scalar_index
+
     os.environ["TRITON_INTERPRET"] = "1"
     patch_bf16()
+    patch_scalar_index()
