@@ -185,10 +185,15 @@ class Block(ABC):
         profiles."""
 
     def shapes(self, name: str) -> list[Shape]:
-        """The shapes of set ``name``, or the single preset shape called ``name``.
+        """The shapes of set ``name``, or the single preset shape called ``name``; several such
+        names separated by commas give their shapes in order, each once
+        (``gpt-oss-120b/T1,gpt-oss-120b/T64``).
 
-        Raises UserError with the valid names when neither exists.
+        Raises UserError with the valid names when one does not exist.
         """
+        if "," in name:
+            picked = [shape for part in name.split(",") if part.strip() for shape in self.shapes(part.strip())]
+            return list({shape.name: shape for shape in picked}.values())
         sets = self.shape_sets()
         if name in sets:
             return list(sets[name])

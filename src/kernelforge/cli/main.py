@@ -22,6 +22,7 @@ from kernelforge.cli.check import check, compile_
 from kernelforge.cli.common import err_console
 from kernelforge.cli.inspect import blocks, new, render, templates
 from kernelforge.cli.dashboard import dashboard
+from kernelforge.cli.device import ceilings, crosscheck
 from kernelforge.cli.report import export, report
 from kernelforge.cli.search import search, strategy_bench
 from kernelforge.cli.signals import install_stop_signals, stop_status
@@ -90,5 +91,5 @@ def main(ctx: click.Context, kernels: str | None) -> None:
 
 
 for command in (blocks, templates, render, new, show, check, compile_, search, strategy_bench, report, export,
-                dashboard):
+                dashboard, ceilings, crosscheck):
     main.add_command(command)

@@ -15,7 +15,10 @@ Two roofline times are used, for two different questions:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import os
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -75,19 +78,46 @@ KNOWN: tuple[Ceilings, ...] = (
              source="datasheet; measured copy bandwidth and bf16 matmul rate (BLOCKS.md)", memory_bytes=141e9),
     Ceilings("H100 PCIE", 2.0e12, 756e12, memory_bytes=80e9),
     Ceilings("H100 NVL", 3.9e12, 835e12, memory_bytes=94e9),
-    Ceilings("H100", 3.35e12, 989e12, source="datasheet (SXM)", memory_bytes=80e9),
+    Ceilings("H100", 3.35e12, 989e12, measured_bandwidth=3.0e12, measured_flops=798e12,
+             source="datasheet (SXM); measured copy bandwidth and bf16 matmul rate on a lent H100 80GB",
+             memory_bytes=80e9),
     Ceilings("A100-SXM4-40GB", 1.555e12, 312e12, memory_bytes=40e9),
     Ceilings("A100", 2.039e12, 312e12, source="datasheet (80 GB SXM)", memory_bytes=80e9),
 )
 
 
+#: A measured-ceilings file (``kernelforge ceilings --json FILE``, :mod:`kernelforge.devices.measure`):
+#: when set, its figures replace the table's measured ones for the device it names.
+CEILINGS_ENV = "KERNELFORGE_CEILINGS"
+
+
 def ceilings_for(device_name: str) -> Ceilings | None:
-    """Ceilings of a device by its reported name (e.g. "NVIDIA H200"), or None when unknown."""
+    """Ceilings of a device by its reported name (e.g. "NVIDIA H200"), or None when unknown. With
+    ``$KERNELFORGE_CEILINGS`` naming a measured-ceilings file of this device, its measured copy
+    bandwidth and matmul rate are the practical ceilings (the datasheet stays the hard bound)."""
     upper = device_name.upper()
-    for ceilings in KNOWN:
-        if ceilings.name in upper:
-            return ceilings
-    return None
+    known = next((ceilings for ceilings in KNOWN if ceilings.name in upper), None)
+    path = os.environ.get(CEILINGS_ENV)
+    if not path:
+        return known
+    from kernelforge.devices.measure import MeasuredCeilings
+
+    measured = MeasuredCeilings.read(Path(path))
+    if measured.device_name.upper() != upper:
+        return known
+    base = known or Ceilings(device_name, measured.bandwidth, measured.flops, source="unknown datasheet")
+    return replace(base, measured_bandwidth=measured.bandwidth, measured_flops=measured.flops,
+                   source=f"{base.source.split(';')[0]}; measured in this run ({Path(path).name}): {measured.method}")
+
+
+def gpu_slug(device_name: str) -> str:
+    """A short lower-case name for folders and labels: the first known model in the name
+    (``NVIDIA H100 80GB HBM3`` -> ``h100``, ``NVIDIA H200`` -> ``h200``), else the name itself
+    with every run of other characters as one ``-``."""
+    known = next((ceilings.name for ceilings in KNOWN if ceilings.name in device_name.upper()), None)
+    if known:
+        return re.sub(r"[^a-z0-9]+", "-", known.lower()).strip("-")
+    return re.sub(r"[^a-z0-9]+", "-", device_name.lower().replace("nvidia", "")).strip("-") or "gpu"
 
 
 def timed_device_name(env: dict) -> str | None:

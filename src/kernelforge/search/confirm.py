@@ -24,8 +24,9 @@ CONFIRM_TOP = {"cuda": 3, "interpret": 1}
 PAIRS = {"cuda": 7, "interpret": 2}
 
 
-def confirm(run: RunContext, top: int | None = None) -> dict[str, list[Confirmation]]:
-    """Re-time the ``top`` best candidates of each block and store the pair speedups."""
+def confirm(run: RunContext, top: int | None = None, *, deadline: float | None = None) -> dict[str, list[Confirmation]]:
+    """Re-time the ``top`` best candidates of each block and store the pair speedups; no new
+    candidate is re-timed after ``deadline`` (``time.time()`` seconds, the job's cap)."""
     executor = run.executor
     top = CONFIRM_TOP.get(executor.kind, CONFIRM_TOP["cuda"]) if top is None else top
     outcome: dict[str, list[Confirmation]] = {}
@@ -44,7 +45,7 @@ def confirm(run: RunContext, top: int | None = None) -> dict[str, list[Confirmat
             ranked = [(cid, s) for cid, s in rank(table, base, [x.name for x in group])
                       if cid not in base_ids and s > 1.0][:top]
             for candidate_id, _ in ranked:
-                if run.deadline is not None and time.time() > run.deadline:
+                if deadline is not None and time.time() > deadline:
                     run.progress.event("warning", message="time budget reached: remaining candidates not confirmed")
                     return outcome
                 source = run.store.candidate(candidate_id).source

@@ -7,6 +7,7 @@ reaching into the search.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -33,8 +34,7 @@ class RunContext:
     its key: results are looked up and stored under it. ``target`` is the ahead-of-time compile
     target (None when nothing is compiled). ``baselines``: block id -> shape name -> the human
     baseline candidate of that shape (:func:`kernelforge.search.plan.baseline_candidates`; shapes
-    that share a baseline point share the candidate). ``deadline``: the wall-clock end of the whole job (``time.time()`` seconds; None
-    without ``[strategy] max_minutes``). ``ledger``: this worker's place among the job's workers
+    that share a baseline point share the candidate). ``ledger``: this worker's place among the job's workers
     under ``env_key`` (:mod:`kernelforge.store.ledger`). ``objective``: what this run tunes for,
     the job's objective where energy is measurable, else time (:mod:`kernelforge.search.energy`).
     """
@@ -49,7 +49,6 @@ class RunContext:
     baselines: Mapping[str, Mapping[str, Candidate]]
     ledger: "Ledger"
     target: str | None = None
-    deadline: float | None = None
     objective: Objective = Objective.TIME
 
     @property
@@ -73,3 +72,26 @@ class RunContext:
     def device_name(self) -> str:
         """The device as results and events name it."""
         return str(self.env.get("device_name", self.executor.kind))
+
+
+#: New proposals stop at this fraction of ``[strategy] max_minutes``, so the confirmation re-timing
+#: still fits in the cap.
+PROPOSALS_SHARE = 0.8
+
+
+@dataclass(frozen=True)
+class JobClock:
+    """The wall-clock cap of one run (``[strategy] max_minutes``), counted from when its baselines
+    and library references are measured: a cold start (JIT compiles, FlexAttention's first
+    compile) must not eat the search. ``proposals_end``: when new proposals stop; ``end``: when
+    the confirmation stops too (``time.time()`` seconds; None without a cap)."""
+
+    proposals_end: float | None = None
+    end: float | None = None
+
+    @classmethod
+    def start(cls, max_minutes: float | None, now: float | None = None) -> "JobClock":
+        if not max_minutes:
+            return cls()
+        now = time.time() if now is None else now
+        return cls(now + PROPOSALS_SHARE * 60 * max_minutes, now + 60 * max_minutes)

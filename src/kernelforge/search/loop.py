@@ -29,7 +29,7 @@ from kernelforge.execute.sandbox import sandbox_warning
 from kernelforge.job import Job
 from kernelforge.result import env_key
 from kernelforge.search.confirm import confirm
-from kernelforge.search.context import RunContext
+from kernelforge.search.context import JobClock, RunContext
 from kernelforge.search.gate import PolicyGate
 from kernelforge.search.library import measure_library_for_run
 from kernelforge.search.pipeline import Pipeline
@@ -98,12 +98,10 @@ class Search:
         objective, energy_warning = objective_in_effect(self.job, env)  # decided once per run
         if energy_warning:
             self.progress.event("warning", message=energy_warning)
-        # A wall-clock cap covers the whole job, confirmation included.
-        cap = 60 * self.job.strategy.max_minutes if self.job.strategy.max_minutes else None
         self.run_context = RunContext(
             job=self.job, catalog=self.catalog, store=self.store, executor=self.executor, progress=self.progress,
             env=env, env_key=env_key(env), ledger=self.store.ledger(self.job.name, env_key(env)), target=target,
-            deadline=time.time() + cap if cap else None, objective=objective,
+            objective=objective,
             baselines={spec.id: baseline_candidates(self.catalog, spec.id, self.catalog.block(spec.id).shapes(spec.shapes))
                        for spec in self.job.blocks},
         )
@@ -154,9 +152,6 @@ class Search:
                 for name in claim.shapes.split(",")))
             self._take_lead()
             run.ledger.join(on_heartbeat=lambda: [s.strategy.heartbeat() for s in list(studies)])
-            # Proposals stop at 80% of the cap so the confirmation re-timing still fits.
-            cap = 60 * self.job.strategy.max_minutes if self.job.strategy.max_minutes else None
-            deadline = time.time() + 0.8 * cap if cap else None
             pipeline = Pipeline(run, PolicyGate(), self.pool)
             reserve = Reserve(self.job.llm.tune_evaluations if self.job.llm else 0)
             lead_proposer = self.proposer if self.lock is not None else None
@@ -170,10 +165,11 @@ class Search:
             self._start_events(run, studies)
             baselines = pipeline.measure_baselines()
             measure_library_for_run(run, pipeline.plans)  # issue 11: library reference lines (GPU only)
+            clock = JobClock.start(self.job.strategy.max_minutes)  # the cap counts from here (issue 28)
             loop = EvaluationLoop(run, pipeline, reserve, proposals, baselines, outcome, shares)
-            loop.execute(studies, deadline)
+            loop.execute(studies, clock.proposals_end)
             if not outcome.stopped:
-                self._finish(run, outcome)
+                self._finish(run, outcome, clock)
         except KeyboardInterrupt as exc:
             outcome.stopped, outcome.reason = True, "terminated" if isinstance(exc, Terminated) else "interrupted"
             self.progress.event("stopped", message=f"{outcome.reason}: everything measured is stored, open claims "
@@ -226,7 +222,7 @@ class Search:
             for _ in range(s.spent):
                 self.progress.event("evaluated", block=s.block.id, status="resumed", speedup=None)
 
-    def _finish(self, run: RunContext, outcome: SearchOutcome) -> None:
+    def _finish(self, run: RunContext, outcome: SearchOutcome, clock: "JobClock") -> None:
         """The end of this worker's search: the lead (or, the lead dead, whoever takes its lock)
         confirms the winners once every claim is settled; the others leave that to it."""
         if self.lock is None:
@@ -235,7 +231,7 @@ class Search:
             self.progress.event("end", message=f"done: {outcome.evaluations} evaluations, {outcome.duplicates} "
                                                "duplicates answered from the store; the lead worker confirms")
             return
-        outcome.winners = confirm(run)
+        outcome.winners = confirm(run, deadline=clock.end)
         run.ledger.mark_finished()
         self.progress.event("end", message=f"done: {outcome.evaluations} evaluations, {outcome.duplicates} "
                                            "duplicates answered from the store")
