@@ -7,9 +7,14 @@ VENV ?= .venv
 # build: point it at PyTorch's CPU wheels on a machine without a GPU to skip the CUDA download.
 TORCH_SPEC ?= torch==2.13.0
 TRITON_SPEC ?= triton==3.9.0
+# The GPU image's Triton (3.6): `make test-gpu-triton` runs every block's baseline and the
+# conformance tests on it in the interpreter, so a version difference shows here, not on the GPU.
+# Installed beside the venv's own Triton (a --target folder first on PYTHONPATH), not instead of it.
+GPU_TRITON_SPEC ?= triton==3.6.0
+GPU_TRITON := .triton-gpu-image
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-all bench gpu-check gpu-check-dry wheels clean
+.PHONY: demo test test-gpu-triton test-all bench gpu-check gpu-check-dry wheels clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +29,16 @@ demo: $(BIN)/.installed
 test: $(BIN)/.installed
 	bash scripts/ensure_chromium.sh
 	$(BIN)/python -m pytest -n 2 -q
+
+$(GPU_TRITON)/.installed: $(BIN)/.installed
+	rm -rf $(GPU_TRITON)
+	$(BIN)/pip install -q --no-deps --no-compile --target $(GPU_TRITON) "$(GPU_TRITON_SPEC)"
+	touch $@
+
+test-gpu-triton: $(GPU_TRITON)/.installed
+	PYTHONPATH=$(GPU_TRITON) $(BIN)/python -c "import triton; print('interpreter leg on triton', triton.__version__)"
+	PYTHONPATH=$(GPU_TRITON) $(BIN)/python -m pytest -n 2 -q -p no:cacheprovider tests/kernels/test_conformance.py \
+		tests/devices/test_interpreter_index.py tests/execute/test_sandbox_launcher.py
 
 bench: $(BIN)/.installed
 	$(BIN)/python -m pytest benchmarks -q
@@ -42,4 +57,4 @@ wheels: $(BIN)/.installed
 	PYTHON=$(BIN)/python bash scripts/prepare_wheels.sh
 
 clean:
-	rm -rf $(VENV) .pytest_cache .benchmarks
+	rm -rf $(VENV) $(GPU_TRITON) .pytest_cache .benchmarks
