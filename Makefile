@@ -46,12 +46,12 @@ bench: $(BIN)/.installed
 # The mission proof on a GPU host (the GPU image's python3; docs/gpu.md). Prepare .whl/ first,
 # where pip works: make wheels.
 gpu-check:
-	bash scripts/gpu_check.sh
+	python3 scripts/gpu_check.py
 
 # The same script in Triton's CPU interpreter on tiny shapes (CI runs it: .ci/run). Interpreter
 # wall time, not GPU speed.
 gpu-check-dry: $(BIN)/.installed
-	PYTHON=$(BIN)/python bash scripts/gpu_check.sh --dry
+	PYTHON=$(BIN)/python $(BIN)/python scripts/gpu_check.py --dry
 
 wheels: $(BIN)/.installed
 	PYTHON=$(BIN)/python bash scripts/prepare_wheels.sh

@@ -1,14 +1,18 @@
-"""Print one summary of a scripts/gpu_check.sh run from the files it wrote into FOLDER.
+"""Make the reports of a GPU-proof run from its returned databases, and print one summary.
 
-    python scripts/gpu_summary.py FOLDER [--mode gpu|dry]
+    python3 scripts/gpu_summary.py FOLDER        # FOLDER: reports/<gpu>-<date>/ (scripts/gpu_check.py)
 
-Two tables: the human baselines checked at the proof's presets (check/*.json, from
-`kernelforge check --json`) and the searches (*/results.json, from `kernelforge report`): baseline
-and best time, the speedup with its confirmation-pair spread, percent of the measured roofline and
-energy per call. Exits 1 when a baseline check did not pass or no search result was found.
+Runs on any CPU (the GPU run makes no report: its device time goes to measuring). For every job
+the run searched (jobs.tsv, db/<job>.db) it writes the job's report into FOLDER/<job>/ with
+``kernelforge report``, rooflines against the run's own measured ceilings (ceilings.json through
+KERNELFORGE_CEILINGS). Then it prints the measured ceilings, the timing cross-check (each baseline
+by kernelforge's method, do_bench and do_bench_cudagraph; ratios outside the agreement range
+FLAGGED), the sandbox probe, and per block and shape the speedup over the human baseline and over
+the library reference, with percent of the measured roofline and energy per call. Exits 1 when the
+probe failed, a report could not be made, or no search result was found.
 
-A dry run (`--mode dry`, or any result timed in the interpreter) is labelled as interpreter wall
-time on the CPU on every line that shows a time: it says nothing about GPU speed.
+A dry run (any result timed in the interpreter) is labelled as interpreter wall time on the CPU on
+every table that shows a time: it says nothing about GPU speed.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
 
 from kernelforge.devices.hardware import ceilings_for  # noqa: E402
 from kernelforge.result import format_seconds  # noqa: E402
@@ -60,7 +65,7 @@ def print_checks(rows: list[dict[str, Any]], device: str, interpreted: bool) -> 
     """Print the baseline table; return the number of results that did not pass. Rates over
     interpreter time are left out: they are no hardware's rates."""
     ceilings = ceilings_for(device)
-    print(f"\n-- human baselines at the proof's presets ({device}) --")
+    print(f"\n-- baseline checks through the sandboxed worker ({device}) --")
     print(f"{'block':26} {'shape':30} {'status':8} {'median':>11} {'TFLOP/s':>8} {'TB/s':>6} {'%roof':>6} "
           f"{'energy/call':>11} timing")
     bad = 0
@@ -127,30 +132,101 @@ def print_searches(reports: list[dict[str, Any]]) -> int:
     return found
 
 
+def make_reports(folder: Path) -> int:
+    """``kernelforge report`` of every job of the run into FOLDER/<job>/; the number that failed."""
+    import os
+    import shutil
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
+    if (folder / "ceilings.json").exists():
+        env["KERNELFORGE_CEILINGS"] = str((folder / "ceilings.json").resolve())
+    failed = 0
+    jobs = folder / "jobs.tsv"
+    for line in jobs.read_text(encoding="utf-8").splitlines() if jobs.exists() else []:
+        name, job_file = line.split("\t")
+        db = (folder / "db" / f"{name}.db").resolve()
+        if not db.exists():
+            print(f"{name}: no database ({db}): the search step made none")
+            failed += 1
+            continue
+        shutil.rmtree(ROOT / "reports" / name, ignore_errors=True)
+        done = subprocess.run([sys.executable, "-m", "kernelforge", "report", job_file, "--storage", f"sqlite:///{db}"],
+                              cwd=ROOT, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            print(f"{name}: the report failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
+            failed += 1
+            continue
+        shutil.rmtree(folder / name, ignore_errors=True)
+        shutil.move(str(ROOT / "reports" / name), str(folder / name))
+    return failed
+
+
+def print_ceilings(folder: Path) -> None:
+    path = folder / "ceilings.json"
+    if not path.exists():
+        print("\n-- measured ceilings: none (not measured in this run; rooflines use the table's figures) --")
+        return
+    data = json.loads(path.read_text(encoding="utf-8"))
+    print(f"\n-- measured ceilings ({data['device_name']}): copy {data['bandwidth'] / 1e12:.2f} TB/s, "
+          f"bf16 matmul {data['flops'] / 1e12:.0f} TFLOP/s --\n   {data['method']}")
+
+
+def print_crosscheck(folder: Path, interpreted: bool) -> int:
+    """The cross-check table; the number of flagged rows."""
+    path = folder / "crosscheck.json"
+    if not path.exists():
+        print("\n-- timing cross-check: none (crosscheck.json is missing) --")
+        return 0
+    data = json.loads(path.read_text(encoding="utf-8"))
+    low, high = data["agreement"]
+    print(f"\n-- timing cross-check: each baseline three ways (ratios to kernelforge's; {low}-{high} agree)"
+          f"{' (interpreter wall time, not GPU speed)' if interpreted else ''} --")
+    print(f"{'block':26} {'shape':28} {'kernelforge':>11} {'method':12} {'do_bench':>10} {'cudagraph':>10} "
+          f"{'ratio':>6} {'graph':>6} {'launch':>9}")
+    flagged = 0
+    for row in data["rows"]:
+        ratios = row["ratios"]
+        flagged += row["flagged"]
+        print(f"{row['block']:26} {row['shape'][:28]:28} {seconds(row['kernelforge_s']):>11} "
+              f"{row['kernelforge_method'][:12]:12} {seconds(row['do_bench_s']):>10} {seconds(row['cudagraph_s']):>10} "
+              f"{ratio(ratios['do_bench']):>6} {ratio(ratios['cudagraph']):>6} {seconds(row.get('host_launch_s')):>9}"
+              f"{'  FLAGGED' if row['flagged'] else ''}{'  ' + row['note'] if row.get('note') else ''}")
+    return flagged
+
+
+def ratio(value: float | None) -> str:
+    return f"{value:.2f}" if value else "-"
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Summarise a scripts/gpu_check.sh run.")
+    parser = argparse.ArgumentParser(description="Make the reports of a GPU-proof run and summarise it.")
     parser.add_argument("folder", type=Path)
-    parser.add_argument("--mode", choices=("gpu", "dry"), default="gpu")
+    parser.add_argument("--no-reports", action="store_true", help="only summarise the reports already made")
     args = parser.parse_args(argv)
+    report_failures = 0 if args.no_reports else make_reports(args.folder)
     rows, device = check_rows(args.folder)
     reports = search_reports(args.folder)
-    interpreted = args.mode == "dry" or any(
-        (r.get("timing") or {}).get("method") == "interpreter-wall" for r in rows) or any(
+    interpreted = any((r.get("timing") or {}).get("method") == "interpreter-wall" for r in rows) or any(
         env.get("device") == "interpret" for rep in reports for env in rep.get("environments", {}).values())
     title = "DRY RUN (interpreter)" if interpreted else "GPU proof"
     print(f"== kernelforge {title} on {device}: {args.folder} ==")
     if interpreted:
         print(DRY_BANNER)
+    fallback = args.folder / "sandbox-fallback.txt"
+    if fallback.exists():
+        print(f"SANDBOX: {fallback.read_text(encoding='utf-8').strip()}")
+    print_ceilings(args.folder)
+    flagged = print_crosscheck(args.folder, interpreted)
     bad = print_checks(rows, device, interpreted)
     found = print_searches(reports)
     if interpreted:
         print(f"\n{DRY_BANNER}")
-    print(f"\n{len(rows)} baseline checks, {bad} not ok; {found} searched shapes in {len(reports)} jobs")
-    if not rows:
-        print("no baseline check result was found (check/*.json)")
+    print(f"\n{len(rows)} baseline checks, {bad} not ok; {flagged} cross-check rows flagged; {found} searched shapes "
+          f"in {len(reports)} jobs; {report_failures} reports failed")
     if not found:
         print("no search result was found (*/results.json)")
-    return 1 if bad or not rows or not found else 0
+    return 1 if bad or report_failures or not found else 0
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Test set-up: tests run with Triton's interpreter on (CPU tensors), with the bf16 fix, except
-when KERNELFORGE_TEST_DEVICE=cuda (scripts/gpu_check.sh runs the GPU tests that way)."""
+when KERNELFORGE_TEST_DEVICE=cuda (scripts/gpu_check.py runs the GPU tests that way)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Checks that need a CUDA GPU (skipped elsewhere; run by scripts/gpu_check.sh).
+"""Checks that need a CUDA GPU (skipped elsewhere; run by scripts/gpu_check.py).
 
 They check the harness on real hardware: every baseline verifies on the GPU, the timer agrees with
 wall time, and ahead-of-time compilation specialises exactly like the JIT (same registers).

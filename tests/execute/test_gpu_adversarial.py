@@ -1,4 +1,4 @@
-"""Adversarial checks that need a CUDA GPU (skipped elsewhere; run by scripts/gpu_check.sh):
+"""Adversarial checks that need a CUDA GPU (skipped elsewhere; run by scripts/gpu_check.py):
 work on a side stream the timing events do not see, timings faster than the hardware allows, a
 CUDA error poisoning the worker's context, and the defenses not over-rejecting the real
 baselines on the GPU. The same logic is exercised on the CPU with a simulated GPU timing in

@@ -1,7 +1,7 @@
 """Memory shared between the trusted process and a worker on a CUDA GPU: CUDA IPC.
 
 UNTESTED IN THIS SESSION (written without a GPU; ``tests/execute/test_gpu_adversarial.py`` and
-``scripts/gpu_check.sh`` exercise it on a GPU host). Guarded: it is used only by a worker on a
+``scripts/gpu_check.py`` exercise it on a GPU host). Guarded: it is used only by a worker on a
 ``cuda`` device.
 
 The trusted process allocates every tensor of a call in its own device memory
