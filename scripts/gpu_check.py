@@ -26,7 +26,7 @@ any point has returned everything before that point. Reports and the summary are
 on any CPU, from the returned databases: ``python3 scripts/gpu_summary.py reports/<gpu>-<date>``.
 
 --dry runs the same steps in the interpreter on tiny shapes (search/gpu-dry*.toml) into
-reports/interpret-dry/, ceilings skipped (no hardware to measure), tests only collected, and ends
+reports/interpret-dry/ (streamed to reports/interpret-dry-out/ when OUT is unset), ceilings skipped (no hardware to measure), tests only collected, and ends
 with the summary, so CI keeps every part of the path alive. Its times are interpreter wall time on
 the CPU, never GPU speed. Only the standard library is used here: this runs before the wheels.
 """
@@ -84,6 +84,10 @@ class Run:
         if not dry:
             self.env["KERNELFORGE_TEST_DEVICE"] = "cuda"
         self.out = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
+        if dry and self.out is None:  # the dry run streams too, into a folder of its own
+            self.out = ROOT / "reports" / "interpret-dry-out"
+            shutil.rmtree(self.out, ignore_errors=True)
+            self.out.mkdir(parents=True)
         self.started = time.monotonic()
         self.failed = False
         self.records: list[str] = ["step\tbudget_s\tseconds\tstatus"]

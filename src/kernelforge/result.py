@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Iterable
@@ -127,10 +128,29 @@ class StoredResult:
     job: str | None
     created: float
     excess: float | None = None
+    #: Host seconds to enqueue one call (the launch overhead wherever it is not graph-captured):
+    #: a CUDA timing's ``extra["host_launch_s"]``; None elsewhere.
+    host_launch_s: float | None = None
 
     @property
     def ok(self) -> bool:
         return self.status is Status.OK
+
+    @classmethod
+    def of(cls, candidate_id: str, block: str, ev: "Evaluation", *, dtype: str, device: str, env: dict[str, Any],
+           env_key: str, job: str | None) -> "StoredResult":
+        """The stored form of one evaluation: the one place an :class:`Evaluation` becomes a row."""
+        t, v = ev.timing, ev.verification
+        launch = t.extra.get("host_launch_s") if t else None
+        return cls(
+            candidate_id=candidate_id, block=block, shape=ev.shape.name, dtype=dtype, device=device,
+            env_key=env_key, status=v.status, rel_error=v.rel_error, median_s=t.median_s if t else None,
+            p20_s=t.p20_s if t else None, p80_s=t.p80_s if t else None, samples=t.samples if t else None,
+            timing_method=t.method if t else None, timing_label=t.label if t else None,
+            joules=t.joules_per_call if t else None, flops=ev.counts.flops, bytes=ev.counts.bytes, message=v.message,
+            env=dict(env), job=job, created=time.time(), excess=v.excess,
+            host_launch_s=float(launch) if isinstance(launch, (int, float)) else None,
+        )
 
 
 def resource_rejected(compile_status: str | None, results: Iterable[StoredResult]) -> bool:

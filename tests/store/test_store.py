@@ -78,3 +78,29 @@ def test_a_newer_schema_is_refused(tmp_path):
 def test_opening_a_missing_database_for_reading_says_run_the_search(tmp_path):
     with pytest.raises(UserError, match="run the search first"):
         Store(f"sqlite:///{tmp_path / 'none.db'}", create=False)
+
+
+def test_the_hosts_launch_time_is_stored_and_an_older_database_gains_its_column(tmp_path):
+    """A timing's host launch time travels to the stored row (issue 28); a database made before the
+    column existed gets it on open, its old rows reading None."""
+    from kernelforge.block import Counts, Shape
+    from kernelforge.result import Evaluation, Timing, Verification
+
+    url = f"sqlite:///{tmp_path / 'kf.db'}"
+    store = Store(url)
+    old, new = candidate(), candidate("def run(out):\n    return None\n")
+    store.add_candidate(old, "j")
+    store.add_candidate(new, "j")
+    store.add_result(result(old.id))
+    store.close()
+    with sqlite3.connect(tmp_path / "kf.db") as conn:  # as a database of the earlier schema
+        conn.execute("ALTER TABLE kf_results DROP COLUMN host_launch_s")
+    reopened = Store(url)
+    ev = Evaluation(Shape.of("n7", n=7), Verification(Status.OK, rel_error=1e-4), Counts(2.0, 6.0),
+                    Timing(2e-5, 2e-5, 2e-5, 5, "cuda-graph", "graph", extra={"host_launch_s": 4.5e-5}))
+    base = result(old.id)
+    row = StoredResult.of(new.id, "toy/axpy", ev, dtype="float16", device="cpu", env=base.env, env_key=base.env_key,
+                          job="j")
+    assert reopened.add_result(row)
+    assert reopened.find_result(new.id, "n7", "float16", base.env_key).host_launch_s == 4.5e-5
+    assert reopened.find_result(old.id, "n7", "float16", base.env_key).host_launch_s is None

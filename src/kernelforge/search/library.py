@@ -24,7 +24,6 @@ nothing that ranks a block's candidates (confirmation, winners, LLM standings) e
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -188,16 +187,9 @@ def measure_library_for_run(run: "RunContext", plans: Mapping[str, "TimingPlan"]
 
 def _row(candidate: Candidate, ev: Evaluation, dtype_name: str, env: Mapping[str, Any], env_key: str,
          job: str | None) -> StoredResult:
-    t, v = ev.timing, ev.verification
-    return StoredResult(
-        candidate_id=candidate.id, block=candidate.block_id, shape=ev.shape.name, dtype=dtype_name,
-        device=str(env.get("device_name", env.get("device", "?"))), env_key=env_key, status=v.status,
-        rel_error=v.rel_error, median_s=t.median_s if t else None, p20_s=t.p20_s if t else None,
-        p80_s=t.p80_s if t else None, samples=t.samples if t else None, timing_method=t.method if t else None,
-        timing_label=t.label if t else None, joules=t.joules_per_call if t else None,
-        flops=ev.counts.flops, bytes=ev.counts.bytes, message=v.message, env=dict(env), job=job,
-        created=time.time(), excess=v.excess,
-    )
+    return StoredResult.of(candidate.id, candidate.block_id, ev, dtype=dtype_name,
+                           device=str(env.get("device_name", env.get("device", "?"))), env=dict(env),
+                           env_key=env_key, job=job)
 
 
 __all__ = ["FALLBACK_BACKEND", "LibraryMeasurement", "LibraryReference",

@@ -177,14 +177,6 @@ class Pipeline:
 
     def row(self, candidate: Candidate, ev: Evaluation) -> StoredResult:
         """The stored form of one evaluation."""
-        t, v = ev.timing, ev.verification
         run = self.run
-        return StoredResult(
-            candidate_id=candidate.id, block=candidate.block_id, shape=ev.shape.name, dtype=run.dtype_name,
-            device=run.device_name, env_key=run.env_key, status=v.status,
-            rel_error=v.rel_error, median_s=t.median_s if t else None, p20_s=t.p20_s if t else None,
-            p80_s=t.p80_s if t else None, samples=t.samples if t else None, timing_method=t.method if t else None,
-            timing_label=t.label if t else None, joules=t.joules_per_call if t else None,
-            flops=ev.counts.flops, bytes=ev.counts.bytes, message=v.message, env=dict(run.env), job=run.job.name,
-            created=time.time(), excess=v.excess,
-        )
+        return StoredResult.of(candidate.id, candidate.block_id, ev, dtype=run.dtype_name, device=run.device_name,
+                               env=dict(run.env), env_key=run.env_key, job=run.job.name)

@@ -175,7 +175,7 @@ def result_record(row: Mapping[str, Any]) -> StoredResult:
         median_s=row["median_s"], p20_s=row["p20_s"], p80_s=row["p80_s"], samples=row["samples"],
         timing_method=row["timing_method"], timing_label=row["timing_label"], joules=row["joules"],
         flops=row["flops"], bytes=row["bytes"], message=row["message"], env=json.loads(row["env"]),
-        job=row["job"], created=row["created"], excess=row["excess"],
+        job=row["job"], created=row["created"], excess=row["excess"], host_launch_s=row.get("host_launch_s"),
     )
 
 

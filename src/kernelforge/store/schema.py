@@ -88,6 +88,7 @@ results_table = sa.Table(
     sa.Column("env", SafeText, nullable=False),  # JSON: device, versions, clocks
     sa.Column("job", sa.String(200)),
     sa.Column("created", sa.Float, nullable=False),
+    sa.Column("host_launch_s", sa.Float),  # added after schema version 1 (ADDED_COLUMNS)
     sa.UniqueConstraint("candidate_id", "shape", "dtype", "env_key", name="uq_result"),
 )
 
@@ -209,6 +210,8 @@ finished_table = sa.Table(
 
 #: Tables added after schema version 1 without changing it: created on open when missing.
 ADDED_TABLES = (templates_table, llm_calls_table, workers_table, budgets_table, claims_table, finished_table)
+#: Columns added after schema version 1 (nullable, so older rows read None): added on open when missing.
+ADDED_COLUMNS = ((results_table, "host_launch_s"),)
 
 
 # One row per job while a search runs it: who holds it (host, pid and the process's start time, so
@@ -314,11 +317,22 @@ def create_schema(engine: Engine, url: str) -> None:
 
 
 def add_missing_tables(engine: Engine) -> None:
-    """Create the tables added since schema version 1 (:data:`ADDED_TABLES`) where missing."""
-    tables = set(sa.inspect(engine).get_table_names())
+    """Create the tables and columns added since schema version 1 (:data:`ADDED_TABLES`,
+    :data:`ADDED_COLUMNS`) where missing."""
+    inspector = sa.inspect(engine)
+    tables = set(inspector.get_table_names())
     missing = [t for t in ADDED_TABLES if t.name not in tables]
     if missing:
         try:
             metadata.create_all(engine, tables=missing)
         except (IntegrityError, OperationalError):
             pass  # created concurrently by another worker, or a read-only file: readers cope
+    for table, name in ADDED_COLUMNS:
+        if table.name in tables and name not in {c["name"] for c in inspector.get_columns(table.name)}:
+            column = table.c[name]
+            try:
+                with engine.begin() as conn:
+                    conn.execute(sa.text(f'ALTER TABLE {table.name} ADD COLUMN {name} '
+                                         f'{column.type.compile(dialect=engine.dialect)}'))
+            except (IntegrityError, OperationalError, ProgrammingError):
+                pass  # added concurrently by another worker, or a read-only file: readers cope

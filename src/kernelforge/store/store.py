@@ -139,6 +139,7 @@ class Store:
             "timing_method": result.timing_method, "timing_label": result.timing_label, "joules": result.joules,
             "flops": result.flops, "bytes": result.bytes, "message": result.message,
             "env": json.dumps(result.env, sort_keys=True, default=str), "job": result.job, "created": result.created,
+            "host_launch_s": _finite(result.host_launch_s),
         }
         try:
             with self.engine.begin() as conn:
