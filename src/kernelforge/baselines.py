@@ -76,9 +76,21 @@ def flash_attn_num_splits(batch_nheads_mblocks: int, num_sms: int, num_n_blocks:
     return next((s for s, eff in efficiency.items() if eff >= 0.85 * best), 1)
 
 
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two at least ``n`` (``triton.next_power_of_2``; 1 for ``n <= 1``)."""
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def liger_num_warps(block: int) -> int:
+    """Liger-Kernel's warps for a row block (``calculate_settings`` in liger_kernel/ops/utils.py, after
+    Unsloth's): 32 from 32768 elements, 16 from 8192, 8 from 2048, else 4 (CUDA; ROCm caps at 16)."""
+    return 32 if block >= 32768 else 16 if block >= 8192 else 8 if block >= 2048 else 4
+
+
 #: The functions ``when`` and ``computed`` expressions may call.
 FUNCTIONS: Mapping[str, Callable[..., Any]] = MappingProxyType({
     "cdiv": cdiv, "min": min, "max": max, "flash_attn_num_splits": flash_attn_num_splits,
+    "next_power_of_2": next_power_of_2, "liger_num_warps": liger_num_warps,
 })
 
 

@@ -48,11 +48,14 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import torch
 
 from kernelforge.errors import UserError
+
+if TYPE_CHECKING:
+    from kernelforge.shipped import ShippedPath
 
 #: Value distributions every block's input generator understands. ``normal``: unit normal;
 #: ``large``: normal scaled up (exercises overflow in exp/accumulators); ``outliers``: normal with
@@ -169,6 +172,9 @@ class Block(ABC):
     #: Whether timing restores the in-place inputs from a copy before every timed call (the
     #: restore is not timed), so every timed call does the same work on the same values.
     inplace_reset: bool = True
+    #: What serving engines run for this block on Hopper, per preset family
+    #: (:class:`kernelforge.shipped.ShippedPath`): how a speedup over the baseline may be labelled.
+    shipped: tuple["ShippedPath", ...] = ()
 
     def __init__(self, block_id: str):
         self.id = block_id

@@ -179,8 +179,47 @@ def test_tp8_baseline_is_vllms_tuned_h200_config(tokens):
     assert BASELINE.space.contains(resolved.point)
 
 
-@pytest.mark.parametrize("shape", [s for shapes in BLOCK.shape_sets().values() for s in shapes if s["I"] != 256],
-                         ids=lambda s: s.name)
+EP8_FILE = REPO / "tests" / "fixtures" / "vllm" / "E=32,N=2048,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
+EP8_PUBLISHED = {int(k): v for k, v in json.loads(EP8_FILE.read_text()).items()}
+EP8_SHAPES = BLOCK.shapes("deepseek-r1-ep8")
+
+
+def test_ep8_presets_are_one_gpus_experts_with_the_whole_intermediate_size():
+    assert [s["T"] for s in EP8_SHAPES] == list(MODULE.PRESET_TOKENS)
+    # 32 of 256 experts per GPU; each token's 8 picks spread over 8 GPUs: one pick here.
+    assert all((s["E"], s["H"], s["I"], s["IS"], s["TOPK"]) == (32, 7168, 2048, 2048, 1) for s in EP8_SHAPES)
+    assert "c6991a3" in (EP8_FILE.parent / "README.md").read_text()
+
+
+@pytest.mark.parametrize("tokens", sorted({*EP8_PUBLISHED, *(s["T"] for s in EP8_SHAPES), 3, 20, 700, 5000}))
+def test_ep8_baseline_is_vllms_tuned_h200_config_as_vllm_runs_it(tokens):
+    """vLLM's nearest entry, with BLOCK_SIZE_K clamped to the 128-wide scale block as
+    invoke_fused_moe_kernel runs it (the file's 256 at 2048 and 3072 tokens runs as 128)."""
+    shape = BLOCK.shape(f"deepseek-r1-ep8/T{tokens}", tokens, E=32, TOPK=1, I=2048, IS=2048)
+    resolved = BASELINE.baseline_for(shape)
+    expected = dict(EP8_PUBLISHED[min(sorted(EP8_PUBLISHED), key=lambda key: abs(key - tokens))])
+    expected["BLOCK_SIZE_K"] = min(expected["BLOCK_SIZE_K"], 128)
+    assert dict(resolved.point) == _both(expected)
+    assert resolved.rule == 1 and "E=32,N=2048,device_name=NVIDIA_H200" in resolved.source
+    assert BASELINE.space.contains(resolved.point)
+
+
+def test_shipped_paths_name_the_tuned_files_the_baseline_reads():
+    """The block's shipped-path naming agrees with the baseline rules: the served layouts below
+    128 tokens are the tuned files the rules cite (over experts), the whole layer is not served."""
+    from kernelforge.shipped import baseline_claim, shipped_for
+
+    tp8, ep8, whole = TP8_SHAPES[0], EP8_SHAPES[0], BLOCK.shapes("deepseek-r1")[0]
+    assert "E=256,N=256" in shipped_for(BLOCK.shipped, tp8).path and baseline_claim(BLOCK.shipped, tp8) == "over experts"
+    assert "E=32,N=2048" in shipped_for(BLOCK.shipped, ep8).path and baseline_claim(BLOCK.shipped, ep8) == "over experts"
+    assert "645d18f" in shipped_for(BLOCK.shipped, tp8).source and "c6991a3" in shipped_for(BLOCK.shipped, ep8).source
+    large = BLOCK.shapes("deepseek-r1-tp8/T4096")[0]
+    assert "DeepGEMM" in shipped_for(BLOCK.shipped, large).path and baseline_claim(BLOCK.shipped, large) != "over experts"
+    assert not shipped_for(BLOCK.shipped, whole).served and "nobody serves" in baseline_claim(BLOCK.shipped, whole)
+
+
+@pytest.mark.parametrize("shape", [s for shapes in BLOCK.shape_sets().values() for s in shapes
+                                   if s["I"] != 256 and s["E"] != 32], ids=lambda s: s.name)
 def test_every_other_shape_gets_vllms_fp8_block_default(shape):
     resolved = BASELINE.baseline_for(shape)
     assert dict(resolved.point) == _both(VLLM_FP8_BLOCK_DEFAULT)

@@ -28,6 +28,7 @@ from typing import Any, Mapping
 
 import torch
 
+from kernelforge.shipped import ShippedPath
 from kernelforge.block import Block, Counts, Shape, generator, random_tensor
 from kernelforge.profiles import BATCHES
 from kernelforge.profiles import PROFILES as WORKLOADS
@@ -60,6 +61,14 @@ def allowed_range(length: int, window: int) -> tuple[int, int]:
 
 class GptOssDecodeAttention(Block):
     family = "attention"
+    shipped = (
+        ShippedPath(
+            "*", "vLLM", "FlashAttention-3 with learned sinks over the paged KV cache (FlashAttentionBackend), on "
+            "H100/H200", "vllm-project/vllm vllm/v1/attention/backends/flash_attn.py (commit 5704f34)",
+            baseline_is_expert=False, baseline_is="a Triton flash-decoding kernel with FlashAttention-2's split heuristic",
+            library="FlashAttention-3 with sinks (vllm_flash_attn)", on_image=False,
+            why_not="vLLM's FlashAttention-3 build (vllm_flash_attn) is a CUDA extension compiled against vLLM's own torch, not the image's torch 2.11, and no wheel of it fits the 64 MiB carry; the library line timed instead is FlexAttention (kernels/attention/<block>/library.py)"),
+    )
     description = (
         "GPT-OSS decode attention: one query per sequence against a ragged KV cache, GQA 64/8, "
         "head dim 64, learned sinks, full or 128-key sliding window"

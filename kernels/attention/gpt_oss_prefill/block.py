@@ -22,6 +22,7 @@ from typing import Any, Mapping
 
 import torch
 
+from kernelforge.shipped import ShippedPath
 from kernelforge.block import Block, Counts, Shape, generator, random_tensor
 from kernelforge.profiles import PROFILES as WORKLOADS
 
@@ -79,6 +80,14 @@ class GptOssPrefill(Block):
     """Causal GQA prefill attention with per-head sinks (GPT-OSS), full or sliding-window layers."""
 
     family = "attention"
+    shipped = (
+        ShippedPath(
+            "*", "vLLM", "FlashAttention-3 with learned sinks (FlashAttentionBackend), on H100/H200", "vllm-project/vllm vllm/v1/attention/backends/flash_attn.py (commit 5704f34)",
+            baseline_is_expert=False, baseline_is="a Triton FlashAttention-2-style kernel (vLLM's Triton attention design, "
+            "its path where FA3 is not available)",
+            library="FlashAttention-3 with sinks (vllm_flash_attn)", on_image=False,
+            why_not="vLLM's FlashAttention-3 build (vllm_flash_attn) is a CUDA extension compiled against vLLM's own torch, not the image's torch 2.11, and no wheel of it fits the 64 MiB carry; the library line timed instead is FlexAttention (kernels/attention/<block>/library.py)"),
+    )
     description = (
         "GPT-OSS prefill attention: causal GQA (64 q / 8 kv heads, D 64) with learned sinks, "
         "full or sliding window 128, queries at an offset into the cache (chunked prefill)"

@@ -48,6 +48,7 @@ from typing import Any, Mapping
 
 import torch
 
+from kernelforge.shipped import ShippedPath
 from kernelforge.block import Block, Counts, Shape, generator, random_tensor
 from kernelforge.profiles import BATCHES
 from kernelforge.profiles import PROFILES as WORKLOADS
@@ -113,6 +114,9 @@ D_KEY = D_LATENT + D_ROPE
 #: Tokens per cache page, as vLLM's and SGLang's MLA caches use on Hopper.
 PAGE = 64
 
+#: The tensor parallelism of the ``<model>-tp<N>`` presets: the heads of one GPU of an 8-GPU node.
+TENSOR_PARALLEL = 8
+
 #: Context at the end of decode (input + output tokens) of each workload profile
 #: (:mod:`kernelforge.profiles`), swept at its serving batch sizes (``BATCHES``).
 MLA_PROFILES: dict[str, int] = {name: p.context for name, p in WORKLOADS.items()}
@@ -142,6 +146,17 @@ def _shape(name: str, model: str, b: int, h: int, lengths: tuple[int, ...]) -> S
 
 class MlaDecodeAttention(Block):
     family = "attention"
+    shipped = (
+        ShippedPath(
+            "*", "vLLM", "FlashMLA (vLLM's Hopper MLA order: FA3-MLA, FlashMLA, FlashInfer-MLA, Triton last)",
+            "vllm-project/vllm vllm/v1/attention/backends/mla/flashmla.py (commit e75aca0)",
+            baseline_is_expert=False, baseline_is="SGLang's and vLLM's Triton grouped MLA decode (no wgmma; the last "
+            "of vLLM's Hopper MLA backends)",
+            library="FlashMLA", on_image=False,
+            why_not="FlashMLA is a CUDA extension built from source with nvcc (minutes of device time; PyPI has only a "
+                    "2025-02 development release), and FlashInfer's MLA decode JIT-compiles with nvcc at first use; "
+                    "neither was brought to the image"),
+    )
     description = (
         "MLA decode (DeepSeek R1 128 heads, Kimi K2.5 64 heads), absorbed: one latent KV head, key "
         "576 (512 latent + 64 rope), value 512 (the latent), paged cache (page 64), ragged lengths"
@@ -173,6 +188,13 @@ class MlaDecodeAttention(Block):
             sets[model] = [s for (m, _, _), s in presets.items() if m == model]
         for profile in MLA_PROFILES:
             sets[f"mla-{profile}"] = [s for (_, p, _), s in presets.items() if p == profile]
+        # One GPU's heads at tensor parallel TP (how an 8-GPU node serves: DeepSeek-R1 16 heads, Kimi
+        # K2.5 8): far less compute per cache byte than all the heads, so a different kernel wins.
+        for model, spec in MODELS.items():
+            sets[f"{model}-tp{TENSOR_PARALLEL}"] = [
+                _shape(f"{model}-tp{TENSOR_PARALLEL}/{profile}/b{b}", model, b, spec.heads // TENSOR_PARALLEL,
+                       (length,) * b)
+                for profile, length in MLA_PROFILES.items() for b in BATCHES]
         return sets
 
     def compile_shape(self) -> Shape:

@@ -36,6 +36,7 @@ from typing import Any, Mapping
 
 import torch
 
+from kernelforge.shipped import ShippedPath
 from kernelforge.block import Block, Counts, HarnessError, Shape, generator, random_tensor
 from kernelforge.profiles import PROMPT_TOKENS, VLLM_BATCH_SIZES
 from kernelforge.quant.base import ActivationFormat, WeightFormat, named_parts, parts_of
@@ -76,6 +77,41 @@ class GroupRoutedExperts(Block):
     """DeepSeek-R1's MoE experts (see the module docstring); subclasses change the constants."""
 
     family = "moe"
+    shipped = (
+        ShippedPath(
+            "deepseek-r1-tp8/", "vLLM", "fused_moe Triton fp8_w8a8, block [128, 128], tuned file "
+            "E=256,N=256,device_name=NVIDIA_H200 (below 128 tokens)",
+            "vllm-project/vllm vllm/model_executor/layers/fused_moe/configs/ (commit 645d18f)",
+            baseline_is_expert=True, library="DeepGEMM grouped FP8 GEMM", on_image=False, why_not="DeepGEMM JIT-compiles every GEMM shape with nvcc at first use (tens of seconds each) and its PyPI release (1.0.0, 2025-02) predates the grouped API vLLM calls; not brought to the image",
+            tokens=(0, 127)),
+        ShippedPath(
+            "deepseek-r1-tp8/", "vLLM", "DeepGEMM grouped FP8 GEMMs (vLLM's default on Hopper from 128 tokens)",
+            "vllm-project/vllm vllm/model_executor/layers/fused_moe/deep_gemm_moe.py (commit c45614b)",
+            baseline_is_expert=False, baseline_is="vLLM's fused_moe Triton path with its tuned file (what vLLM "
+            "runs with DeepGEMM off)", library="DeepGEMM grouped FP8 GEMM", on_image=False, why_not="DeepGEMM JIT-compiles every GEMM shape with nvcc at first use (tens of seconds each) and its PyPI release (1.0.0, 2025-02) predates the grouped API vLLM calls; not brought to the image",
+            tokens=(128, 1 << 30)),
+        ShippedPath(
+            "deepseek-r1-ep8/", "vLLM", "fused_moe Triton fp8_w8a8, block [128, 128], tuned file "
+            "E=32,N=2048,device_name=NVIDIA_H200 (below 128 tokens)",
+            "vllm-project/vllm vllm/model_executor/layers/fused_moe/configs/ (commit c6991a3)",
+            baseline_is_expert=True, library="DeepGEMM grouped FP8 GEMM", on_image=False, why_not="DeepGEMM JIT-compiles every GEMM shape with nvcc at first use (tens of seconds each) and its PyPI release (1.0.0, 2025-02) predates the grouped API vLLM calls; not brought to the image",
+            tokens=(0, 127)),
+        ShippedPath(
+            "deepseek-r1-ep8/", "vLLM", "DeepGEMM grouped FP8 GEMMs (vLLM's default on Hopper from 128 tokens)",
+            "vllm-project/vllm vllm/model_executor/layers/fused_moe/deep_gemm_moe.py (commit c45614b)",
+            baseline_is_expert=False, baseline_is="vLLM's fused_moe Triton path with its tuned file (what vLLM "
+            "runs with DeepGEMM off)", library="DeepGEMM grouped FP8 GEMM", on_image=False, why_not="DeepGEMM JIT-compiles every GEMM shape with nvcc at first use (tens of seconds each) and its PyPI release (1.0.0, 2025-02) predates the grouped API vLLM calls; not brought to the image",
+            tokens=(128, 1 << 30)),
+        ShippedPath(
+            "deepseek-r1/", "nobody", "the whole layer on one GPU is not served (about 671 GB of FP8 weights against 80-141 GB "
+            "per GPU); vLLM would take its default fused_moe configuration",
+            "vllm-project/vllm vllm/model_executor/layers/fused_moe/fused_moe.py get_default_config (commit 000d145)",
+            baseline_is_expert=False, baseline_is="vLLM's default fused_moe configuration",
+            library="DeepGEMM grouped FP8 GEMM", on_image=False, why_not="DeepGEMM JIT-compiles every GEMM shape with nvcc at first use (tens of seconds each) and its PyPI release (1.0.0, 2025-02) predates the grouped API vLLM calls; not brought to the image", served=False),
+    )
+    #: The expert parallelism of the ``<model>-ep<N>`` presets: one GPU of an 8-GPU node holding
+    #: experts / N experts with the whole intermediate size.
+    expert_parallel = 8
     description = (
         "DeepSeek-R1 MoE: sigmoid routing with correction bias, 8 groups keep 4, top-8 x2.5; "
         "256 FP8 (128x128 block-scaled) SiLU-GLU experts + 1 shared expert, activations FP8 per 128"
@@ -128,6 +164,15 @@ class GroupRoutedExperts(Block):
         tp = self.tensor_parallel
         sets[f"{m}-tp{tp}"] = [self.shape(f"{m}-tp{tp}/T{t}", t, I=self.intermediate // tp,
                                           IS=self.shared_intermediate // tp) for t in PRESET_TOKENS]
+        # One GPU's share at expert parallel EP: experts / EP local experts with the whole intermediate
+        # size. Each token's TOPK picks spread over the EP GPUs, so a GPU gets about T x TOPK / EP
+        # token-expert pairs over its experts: modelled as top-(TOPK / EP) routing over the local
+        # experts (the per-GPU GEMM work of a balanced dispatch, without the all-to-all).
+        ep = self.expert_parallel
+        local = dict(E=self.experts // ep, TOPK=max(1, self.topk // ep),
+                     G=self.groups if (self.experts // ep) % self.groups == 0 and self.groups > 1 else 1)
+        local["KG"] = min(self.topk_groups, local["G"])
+        sets[f"{m}-ep{ep}"] = [self.shape(f"{m}-ep{ep}/T{t}", t, **local) for t in PRESET_TOKENS]
         # vLLM's tuner grid (the token counts of its fused_moe config files), whole layer and per GPU.
         sets[f"{m}-vllm"] = [self.shape(f"{m}/T{t}", t) for t in VLLM_BATCH_SIZES]
         sets[f"{m}-tp{tp}-vllm"] = [self.shape(f"{m}-tp{tp}/T{t}", t, I=self.intermediate // tp,

@@ -22,6 +22,7 @@ from typing import Any, Mapping
 
 import torch
 
+from kernelforge.shipped import ShippedPath
 from kernelforge.block import Block, Counts, Shape, generator, random_tensor
 from kernelforge.profiles import PROMPT_TOKENS, VLLM_BATCH_SIZES
 
@@ -119,6 +120,16 @@ class GptOssExperts(Block):
     """GPT-OSS routed experts (after routing, before the residual add). See the module docstring."""
 
     family = "moe"
+    shipped = (
+        ShippedPath(
+            "*", "vLLM", "fused_moe Triton kernels with the tuned configuration per token count (E=128,N=2880 for "
+            "GPT-OSS-120b) and the moe_align_block_size CUDA op",
+            "vllm-project/vllm vllm/model_executor/layers/fused_moe/fused_moe.py and configs/ (commit fb73c46)",
+            baseline_is_expert=False, baseline_is="vLLM's fused_moe design and tuned configurations, with tokens aligned "
+            "by host-side torch ops where vLLM runs one device op (weaker at decode token counts)",
+            library="vLLM fused_experts (Triton fused_moe + the _moe_C alignment op)", on_image=False,
+            why_not="vLLM is not on the image and its compiled _C/_moe_C extensions are built for vLLM's own torch"),
+    )
     description = (
         "GPT-OSS routed experts after routing: GEMM1+bias, interleaved clamped SwiGLU (alpha 1.702, "
         "limit 7), GEMM2+bias, top-k weighted sum (the residual add is outside the block)"

@@ -35,6 +35,7 @@ from typing import Any, Mapping
 
 import torch
 
+from kernelforge.shipped import ShippedPath
 from kernelforge.block import Counts, Shape, generator, random_tensor
 from kernelforge.quant.base import parts_of
 from kernelforge.quant.mxfp4 import BYTES_PER_ELEMENT, GROUP, Mxfp4Weights
@@ -56,6 +57,16 @@ def _shape(name: str, T: int, E: int, H: int, I: int, routing: str = "uniform") 
 class GptOssExpertsMxfp4(_BF16.GptOssExperts):
     """GPT-OSS routed experts with MXFP4 W1/W2 (see the module docstring)."""
 
+    shipped = (
+        ShippedPath(
+            "*", "vLLM", "OpenAI triton_kernels matmul_ogs with MXFP4 weights (Hopper: weights upcast in the kernel)",
+            "vllm-project/vllm vllm/model_executor/layers/fused_moe/gpt_oss_triton_kernels_moe.py (commit 9b243f9)",
+            baseline_is_expert=False, baseline_is="a re-implementation of triton_kernels' Hopper design in the fused_moe "
+            "form with its default tiles",
+            library="triton_kernels matmul_ogs", on_image=False,
+            why_not="OpenAI's triton_kernels ships only inside Triton's source tree (python/triton_kernels, matched to "
+                    "each Triton release); the PyPI package of that name is another project; not brought to the image"),
+    )
     description = (
         "GPT-OSS routed experts with the checkpoint's MXFP4 weights (e2m1 codes, e8m0 scale per 32, "
         "dequantised in the kernel), bf16 activations and biases: GEMM1+bias, interleaved clamped "

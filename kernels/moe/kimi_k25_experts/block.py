@@ -30,6 +30,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from kernelforge.shipped import ShippedPath
 from kernelforge.quant.base import Bf16Activations, Bf16Weights
 from kernelforge.quant.int4 import Int4GroupWeights
 
@@ -42,6 +43,21 @@ _SPEC.loader.exec_module(_DEEPSEEK)
 class KimiK25Experts(_DEEPSEEK.GroupRoutedExperts):
     """Kimi K2.5's MoE experts (see the module docstring)."""
 
+    shipped = (
+        ShippedPath(
+            "*", "vLLM", "Marlin MoE (fused_marlin_moe) for compressed-tensors W4A16 on Hopper; vLLM's own Triton "
+            "path hands small batches to its moe_wna16 CUDA kernel",
+            "vllm-project/vllm vllm/model_executor/layers/fused_moe/fused_marlin_moe.py (commit 129ab7c)",
+            baseline_is_expert=False, baseline_is="a Triton W4A16 fused_moe kernel weaker than vLLM's own Triton W4A16 "
+            "(a 4-byte word staged per weight and fp32 dequantisation, where vLLM repacks to bytes)",
+            library="Marlin MoE (vLLM _moe_C)", on_image=False,
+            why_not="vLLM's compiled _moe_C extension is built for vLLM's own torch and is not on the image"),
+        ShippedPath(
+            "kimi-k2.5/", "nobody", "the whole layer on one GPU is not served (about 1 T parameters at 4 bits, far "
+            "beyond one GPU's 80-141 GB)", "moonshotai/Kimi-K2.5 config.json (the model's size)",
+            baseline_is_expert=False, baseline_is="a Triton W4A16 fused_moe kernel", library="Marlin MoE (vLLM _moe_C)",
+            on_image=False, why_not="vLLM's compiled _moe_C extension is built for vLLM's own torch", served=False),
+    )
     description = (
         "Kimi K2.5 MoE: sigmoid routing with correction bias, one group, top-8 x2.827; 384 INT4 "
         "(symmetric, bf16 scale per 32, compressed-tensors pack-quantized) SiLU-GLU experts + 1 bf16 "

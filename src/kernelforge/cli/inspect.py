@@ -1,4 +1,4 @@
-"""Commands that look at the catalog: ``blocks``, ``templates``, ``render`` and ``new``."""
+"""Commands that look at the catalog: ``blocks``, ``shipped``, ``templates``, ``render`` and ``new``."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ def blocks(ctx: click.Context) -> None:
         sets = ", ".join(f"{name} ({len(shapes)})" for name, shapes in block.shape_sets().items())
         table.add_row(block_id, block.family, sets, block.description)
     console.print(table)
+    console.print("what serving engines run for each block, and the library line: kernelforge shipped [BLOCK]",
+                  markup=False)
 
 
 @click.command()
@@ -115,3 +117,28 @@ def new(ctx: click.Context, name: str) -> None:
     console.print(f"next: edit it, then `kernelforge check {block_id}/{stem} --device interpret --shapes smoke`")
 
 
+
+
+@click.command()
+@click.argument("block_id", required=False)
+@click.pass_context
+def shipped(ctx: click.Context, block_id: str | None) -> None:
+    """What serving engines run for each block on Hopper, per preset family: the shipped path and
+    its source, whether the Triton baseline is that path (so a speedup is "over experts"), and the
+    library reference with whether it can run on the GPU image, and why not."""
+    catalog = catalog_of(ctx)
+    chosen = [catalog.block(block_id)] if block_id else list(catalog.blocks.values())
+    for block in chosen:
+        console.print(f"\n{block.id}", markup=False, style="bold")
+        if not block.shipped:
+            console.print("  no shipped path declared: speedups are over the Triton baseline", markup=False)
+        for path in block.shipped:
+            tokens = f", T {path.tokens[0]}-{path.tokens[1] if path.tokens[1] < 1 << 30 else 'up'}" if path.tokens else ""
+            lines = [f"  presets {path.presets}{tokens}{'' if path.served else ' (not served)'}",
+                     f"    shipped:   {path.engine}: {path.path}",
+                     f"    source:    {path.source}",
+                     "    baseline:  " + ("the shipped path or as strong: speedups are over experts"
+                                          if path.baseline_is_expert else f"{path.baseline_is} (not the shipped path)"),
+                     f"    library:   {path.library}: "
+                     + ("runs on the GPU image" if path.on_image else f"not on the GPU image: {path.why_not}")]
+            console.print("\n".join(lines), markup=False, soft_wrap=True)

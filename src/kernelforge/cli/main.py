@@ -20,7 +20,7 @@ from rich.markup import escape
 
 from kernelforge.cli.check import check, compile_
 from kernelforge.cli.common import err_console
-from kernelforge.cli.inspect import blocks, new, render, templates
+from kernelforge.cli.inspect import blocks, new, render, shipped, templates
 from kernelforge.cli.dashboard import dashboard
 from kernelforge.cli.device import ceilings, crosscheck
 from kernelforge.cli.report import export, report
@@ -91,5 +91,5 @@ def main(ctx: click.Context, kernels: str | None) -> None:
 
 
 for command in (blocks, templates, render, new, show, check, compile_, search, strategy_bench, report, export,
-                dashboard, ceilings, crosscheck):
+                dashboard, ceilings, crosscheck, shipped):
     main.add_command(command)

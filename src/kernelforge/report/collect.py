@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 from collections import Counter
+from dataclasses import replace
 from typing import Any, Sequence
 
 from kernelforge.block import Shape
@@ -35,6 +36,7 @@ from kernelforge.report.records import (Banner, BaselineSource, BlockReport, Can
 from kernelforge.result import StoredResult
 from kernelforge.report.library import library_lines
 from kernelforge.search.plan import baseline_candidates
+from kernelforge.shipped import baseline_claim
 from kernelforge.store.records import StoredCandidate, StoredConfirmation
 from kernelforge.store.store import Store
 
@@ -110,7 +112,9 @@ def _collect_block(job: Job, catalog: Catalog, store: Store, spec: BlockSpec,
         origin_status.setdefault(origin_of[cid], Counter())[worst[cid]] += 1
     ceilings = _ceilings(env)
     confirmed = [c for c in confirmations if c.block == block.id and c.env_key == env_key]
-    shape_rows = _shape_rows(job.tune, shape_objs, table, baselines, base, candidates, confirmed, ceilings)
+    shape_rows = [replace(row, claim=baseline_claim(block.shipped, shape)) for row, shape in
+                  zip(_shape_rows(job.tune, shape_objs, table, baselines, base, candidates, confirmed, ceilings),
+                      [s for group in job.tune.groups(shape_objs) for s in group])]
     speedups = [r.speedup for r in shape_rows if r.speedup]
     order = sorted(table, key=lambda cid: (min(r.created for r in table[cid].values()),
                                            candidates[cid].created if cid in candidates else 0.0))

@@ -164,10 +164,11 @@ def _baselines_markdown(block: BlockReport) -> list[str]:
     """Each shape's baseline: the candidate, its point and where the point comes from."""
     if not block.baselines:
         return []
-    lines = [f"### Baselines of {block.block}", "", "| shape | baseline | point | source |", "|---|---|---|---|"]
+    lines = [f"### Baselines of {block.block}", "",
+             "| shape | baseline | point | source | a speedup here is |", "|---|---|---|---|---|"]
     for row in block.shapes:
         lines.append(f"| {row.shape} | `{row.baseline}` | {params_text(row.baseline_params)} | "
-                     f"{' '.join(filter(None, (baseline_ref(block, row), row.baseline_source)))} |")
+                     f"{' '.join(filter(None, (baseline_ref(block, row), row.baseline_source)))} | {row.claim} |")
     lines.append("")
     return lines
 

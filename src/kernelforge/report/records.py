@@ -109,6 +109,9 @@ class ShapeRow:
     baseline: str = ""
     baseline_source: str = ""
     baseline_params: dict[str, Any] = field(default_factory=dict)
+    #: What the speedup is over: ``over experts`` when the baseline is what serving engines ship
+    #: for the shape (or as strong), else what it is (:func:`kernelforge.shipped.baseline_claim`).
+    claim: str = ""
 
     @property
     def is_moe(self) -> bool:
