@@ -140,3 +140,53 @@ def test_block_inputs_keep_every_selection_away_from_a_tie():
     for shape in block.shapes("smoke") + block.shapes("check") + block.shapes("deepseek-r1/T4096"):
         logits, bias = block.router_inputs(shape, torch.Generator().manual_seed(5))
         assert selection_margins(logits, bias, block.routing_of(shape)).min() >= module.SELECTION_MARGIN, shape.name
+
+
+# -- balanced ("uniform") routing (issue 31) -------------------------------------------------------
+
+@pytest.mark.parametrize("T, routing", [(4096, GroupRouting(256, 8, 8, 4, 2.5)), (1000, GroupRouting(256, 8, 8, 4, 2.5)),
+                                        (1, GroupRouting(256, 8, 8, 4, 2.5)), (64, GroupRouting(384, 8, 1, 1, 2.827)),
+                                        (33, GroupRouting(8, 2, 4, 2, 2.5)), (100, GroupRouting(32, 1, 8, 4, 2.5)),
+                                        (4096, GroupRouting(128, 4, 1, 1, 1.0))])
+def test_balanced_routing_loads_every_expert_within_one_of_the_mean(T, routing):
+    from kernelforge.routing import balanced_routing, expert_loads
+
+    ids = balanced_routing(T, routing, torch.Generator().manual_seed(3))
+    loads = expert_loads(ids, routing.experts).float()
+    assert float((loads - T * routing.topk / routing.experts).abs().max()) <= 1.0
+    per_group = routing.experts // routing.groups
+    for row in ids.tolist():
+        assert len(set(row)) == routing.topk  # distinct within a token
+        assert len({e // per_group for e in row}) <= routing.topk_groups  # the group limit holds
+
+
+def test_independent_random_picks_were_not_balanced():
+    """What the balanced routing replaces: uniform random picks of DeepSeek's 256 experts at 4096
+    tokens leave loads far from the mean (the issue measured 40%)."""
+    from kernelforge.routing import expert_loads
+
+    ids = torch.rand(4096, 256, generator=torch.Generator().manual_seed(0)).topk(8, dim=1).indices
+    loads = expert_loads(ids, 256).float()
+    assert float((loads - 128).abs().max()) > 20
+
+
+@pytest.mark.parametrize("block_id, preset", [("moe/deepseek_r1_experts", "deepseek-r1-tp8/T1024"),
+                                              ("moe/deepseek_r1_experts", "deepseek-r1-ep8/T256"),
+                                              ("moe/kimi_k25_experts", "kimi-k2.5-tp8/T1024")])
+def test_the_group_routed_blocks_uniform_inputs_are_balanced_and_need_the_bias(block_id, preset):
+    """The blocks' ``uniform`` router inputs select a balanced set, and selecting on unbiased
+    scores picks another set for most tokens (each token has a decoy only the bias rules out)."""
+    from pathlib import Path
+
+    from kernelforge.catalog import Catalog
+    from kernelforge.routing import expert_loads
+
+    block = Catalog.discover(Path(__file__).resolve().parents[1] / "kernels").block(block_id)
+    shape = block.shapes(preset)[0]
+    logits, bias = block.router_inputs(shape, torch.Generator().manual_seed(5))
+    rule = block.routing_of(shape)
+    ids, _ = grouped_topk(logits, bias, rule)
+    loads = expert_loads(ids, rule.experts).float()
+    assert float((loads - shape["T"] * rule.topk / rule.experts).abs().max()) <= 1.0
+    unbiased, _ = grouped_topk(logits, torch.zeros_like(bias), rule)
+    assert (ids.sort(1).values != unbiased.sort(1).values).any(1).float().mean() > 0.5

@@ -98,4 +98,46 @@ def selection_margins(logits: torch.Tensor, correction_bias: torch.Tensor, routi
     return margin
 
 
-__all__ = ["GroupRouting", "grouped_topk", "selection_margins"]
+def _balanced_rows(T: int, width: int, items: int, gen: torch.Generator) -> torch.Tensor:
+    """[T, width] indices into ``items``, distinct within each row, each item used within one time
+    of every other: rows are cut from a stream of random permutations, and at each permutation
+    boundary the next permutation is reordered (stably) so that a row never repeats an item."""
+    need = T * width
+    stream: list[int] = []
+    while len(stream) < need:
+        perm = torch.randperm(items, generator=gen).tolist()
+        open_row = stream[len(stream) - len(stream) % width:] if len(stream) % width else []
+        if open_row:
+            taken = set(open_row)
+            perm = [i for i in perm if i not in taken] + [i for i in perm if i in taken]
+        stream.extend(perm)
+    return torch.tensor(stream[:need], dtype=torch.int64).view(T, width)
+
+
+def balanced_routing(T: int, routing: GroupRouting, gen: torch.Generator) -> torch.Tensor:
+    """Expert ids [T, TOPK] (int64, distinct within each row) that load every expert within one
+    token-expert pair of every other where the group limit allows: each token takes TOPK_GROUPS
+    groups from a balanced stream of groups and TOPK / TOPK_GROUPS experts of each from a balanced
+    stream per group (what a trained router with a well-fitted correction bias approaches, and the
+    "uniform" routing a fair benchmark needs: independent random picks leave some experts 40-50%
+    above the mean and others empty). One group, or a TOPK not divisible by TOPK_GROUPS: experts
+    from one balanced stream over all of them."""
+    E, topk = routing.experts, routing.topk
+    if routing.groups == 1 or topk <= routing.topk_groups:  # a row then spans at most TOPK_GROUPS groups
+        return _balanced_rows(T, topk, E, gen)
+    if topk % routing.topk_groups:
+        raise ValueError(f"balanced routing needs TOPK ({topk}) divisible by TOPK_GROUPS ({routing.topk_groups})")
+    per_group, each = E // routing.groups, topk // routing.topk_groups
+    groups = _balanced_rows(T, routing.topk_groups, routing.groups, gen)  # [T, KG]
+    streams = {g: iter(_balanced_rows(-(-T * routing.topk_groups // routing.groups) + 1, each, per_group, gen).tolist())
+               for g in range(routing.groups)}
+    rows = [[g * per_group + e for g in row for e in next(streams[g])] for row in groups.tolist()]
+    return torch.tensor(rows, dtype=torch.int64).view(T, topk)
+
+
+def expert_loads(ids: torch.Tensor, experts: int) -> torch.Tensor:
+    """Token-expert pairs per expert [E] (int64) of expert ids [T, TOPK]."""
+    return torch.bincount(ids.reshape(-1), minlength=experts)
+
+
+__all__ = ["GroupRouting", "balanced_routing", "expert_loads", "grouped_topk", "selection_margins"]

@@ -102,7 +102,10 @@ def test_reference_matches_a_dequantise_then_matmul_loop_in_fp64(shape):
     ref = BLOCK.reference(**inputs).double()
     want = _naive64(inputs, shape)
     rel = ((ref - want).norm() / want.norm()).item()
-    assert rel < 1e-5, rel
+    # Usually about 1e-7; a bf16 rounding point (h, the SiLU product) that lands within an fp32 ulp
+    # of a tie rounds the other way in fp64 and costs one bf16 ulp there: 1.0e-5 on check/T1 at
+    # seed 7 with the balanced routing's inputs.
+    assert rel < 3e-5, rel
     assert (ref - want).abs().max() <= 1e-4 * want.abs().max()
 
 
@@ -142,8 +145,8 @@ def test_counts_include_scales_and_the_shared_expert():
     counts = BLOCK.counts(shape, torch.bfloat16)
     H, I = 7168, 2048
     assert counts.flops == 4096 * 8 * 6.0 * H * I + 4096 * 6.0 * H * I
-    per_expert = 3 * H * I + 4.0 * (16 * 56 + 56 * 16)  # fp8 values and fp32 128x128 block scales
-    assert counts.bytes > 200 * per_expert  # nearly every expert is touched at 4096 tokens
+    per_expert = 3 * H * I + 4.0 * (32 * 56 + 56 * 16)  # fp8 values and fp32 128x128 block scales
+    assert counts.bytes > 200 * per_expert  # every expert is touched at 4096 balanced tokens
     assert counts.bytes < 257 * per_expert + 4096 * H * 4 + 4 * 4096 * 257
 
 

@@ -41,10 +41,11 @@ from kernelforge.block import Block, Counts, HarnessError, Shape, generator, ran
 from kernelforge.profiles import PROMPT_TOKENS, VLLM_BATCH_SIZES
 from kernelforge.quant.base import ActivationFormat, WeightFormat, named_parts, parts_of
 from kernelforge.quant.fp8 import Fp8BlockWeights, Fp8GroupActivations
-from kernelforge.routing import GroupRouting, grouped_topk, selection_margins
+from kernelforge.routing import GroupRouting, balanced_routing, grouped_topk, selection_margins
 
 #: Routing patterns (the ``ROUTING`` dimension), made through the router inputs (the block routes):
-#: ``uniform``: unit-normal logits; ``skewed``: a per-expert offset of -log(rank + 1) over a random
+#: ``uniform``: balanced loads with a decoy per token that only the bias rules out
+#: (:meth:`GroupRoutedExperts._balanced_router_inputs`); ``skewed``: a per-expert offset of -log(rank + 1) over a random
 #: ranking, so a few experts get most tokens; ``one``: TOPK experts of one group (expert 0 among
 #: them) get +20, so every token picks them; ``sparse``: half the groups (half the experts when there
 #: is one group) get -20 and receive no token.
@@ -221,7 +222,9 @@ class GroupRoutedExperts(Block):
             for u in torch.randperm(E // unit, generator=gen)[: (E // unit) // 2].tolist():
                 offsets[u * unit:(u + 1) * unit] -= _BOOST
                 bias[u * unit:(u + 1) * unit] -= 1.0
-        elif routing != "uniform":
+        elif routing == "uniform":
+            return self._balanced_router_inputs(shape, bias, gen)
+        else:
             raise ValueError(f"unknown routing {routing!r}; choose from {', '.join(ROUTINGS)}")
         logits = torch.randn(T, E, generator=gen, dtype=torch.float32) + offsets
         rule = self.routing_of(shape)
@@ -231,6 +234,45 @@ class GroupRoutedExperts(Block):
                 return logits, bias
             logits[close] = torch.randn(close.numel(), E, generator=gen, dtype=torch.float32) + offsets
         raise HarnessError(f"{shape.name}: router logits with a selection margin of {SELECTION_MARGIN} not found")
+
+    def _balanced_router_inputs(self, shape: Shape, bias: torch.Tensor,
+                                gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """``uniform`` routing: every expert within one token-expert pair of the mean load
+        (:func:`kernelforge.routing.balanced_routing`), made through the logits. The chosen experts
+        score 0.95-0.97 after the sigmoid and the others about 0.05, so the bias (std 0.1) never
+        moves a selection by itself; but each token also gets a decoy: an unchosen expert of one
+        of its kept groups, with a bias below every chosen one's, whose unbiased score beats the
+        lowest chosen score. A kernel that selects on unbiased scores picks the decoy; only the
+        biased scores choose the balanced set."""
+        T, E = shape["T"], shape["E"]
+        rule = self.routing_of(shape)
+        ids = balanced_routing(T, rule, gen)
+        per_group = E // rule.groups
+
+        def draw(rows: int) -> torch.Tensor:
+            return torch.randn(rows, E, generator=gen, dtype=torch.float32) * 0.5 - 3.0
+
+        scores = torch.sigmoid(draw(T))
+        chosen_scores = 0.95 + 0.02 * torch.rand(T, rule.topk, generator=gen, dtype=torch.float32)
+        scores.scatter_(1, ids, chosen_scores)
+        chosen = torch.zeros(T, E, dtype=torch.bool).scatter_(1, ids, True)
+        group_of = torch.arange(E) // per_group
+        kept = torch.zeros(T, rule.groups, dtype=torch.bool).scatter_(1, group_of[ids], True)[:, group_of]
+        low = bias[ids].min(dim=1).values
+        candidate = kept & ~chosen & (bias[None, :] < low[:, None] - 0.01)
+        decoy = torch.where(candidate, bias[None, :], torch.inf).argmin(dim=1)
+        has = candidate.any(dim=1)
+        rows = torch.nonzero(has).flatten()
+        scores[rows, decoy[rows]] = (chosen_scores[rows].min(dim=1).values + 0.005).clamp(max=0.995)
+        logits = torch.logit(scores.clamp(1e-6, 1 - 1e-6))
+        for _ in range(_MAX_REDRAWS):
+            close = torch.nonzero(selection_margins(logits, bias, rule) < SELECTION_MARGIN).flatten()
+            if close.numel() == 0:
+                return logits, bias
+            high = logits[close] > -1.0  # chosen experts and decoys keep their logits
+            logits[close] = torch.where(chosen[close] | high, logits[close], draw(close.numel()))
+        raise HarnessError(f"{shape.name}: balanced router logits with a selection margin of {SELECTION_MARGIN} "
+                           "not found")
 
     def make_inputs(self, shape: Shape, dtype: torch.dtype, device: str | torch.device, seed: int,
                     distribution: str = "normal") -> dict[str, Any]:

@@ -25,6 +25,7 @@ import torch
 from kernelforge.shipped import ShippedPath
 from kernelforge.block import Block, Counts, Shape, generator, random_tensor
 from kernelforge.profiles import PROMPT_TOKENS, VLLM_BATCH_SIZES
+from kernelforge.routing import GroupRouting, balanced_routing
 
 #: Routing patterns (the ``ROUTING`` shape dimension); see :func:`make_routing`.
 ROUTINGS: tuple[str, ...] = ("uniform", "skewed", "one", "sparse")
@@ -68,7 +69,9 @@ def _active_experts(E: int, topk: int) -> int:
 def make_routing(T: int, E: int, topk: int, routing: str, gen: torch.Generator) -> torch.Tensor:
     """Top-k expert ids [T, topk] (int64, distinct within each row) for a routing pattern.
 
-    - ``uniform``: every token picks topk distinct experts uniformly at random.
+    - ``uniform``: balanced: every token picks topk distinct experts and every expert gets within
+      one token-expert pair of the mean (:func:`kernelforge.routing.balanced_routing`), as a
+      well-trained router approaches; independent random picks left loads 40-50% apart.
     - ``skewed``: distinct experts sampled (without replacement) with Zipf weights
       (rank+1)^-2 over a random ranking of the experts: a few experts take most of the tokens.
     - ``one``: every token goes to the same topk experts, expert 0 and topk-1 others (random),
@@ -79,7 +82,7 @@ def make_routing(T: int, E: int, topk: int, routing: str, gen: torch.Generator) 
     if topk > E:
         raise ValueError(f"TOPK={topk} exceeds the number of experts E={E}")
     if routing == "uniform":
-        return torch.rand(T, E, generator=gen).topk(topk, dim=1).indices
+        return balanced_routing(T, GroupRouting(E, topk, 1, 1, 1.0), gen)
     if routing == "skewed":
         ranking = torch.randperm(E, generator=gen)
         logw = -_SKEW_EXPONENT * torch.log(torch.arange(E, dtype=torch.float32) + 1.0)

@@ -45,7 +45,8 @@ if TYPE_CHECKING:
 
 #: What library results record as their sandbox.
 TRUSTED_SANDBOX = "none: trusted library reference, in the search process"
-#: The backend tried when the device's first choice fails everywhere.
+#: The backend tried when the device's first choice fails everywhere, unless the library module
+#: names its own (``FALLBACK``).
 FALLBACK_BACKEND = "sdpa"
 
 
@@ -125,7 +126,8 @@ def measure_library(catalog: "Catalog", block: Block, shapes: list[Shape], dtype
     if ref is None:
         return None
     module = ref.module()
-    tries = (backend,) if backend is not None else (module.backend(device.torch_device), FALLBACK_BACKEND)
+    fallback = getattr(module, "FALLBACK", FALLBACK_BACKEND)  # a module names its own, else SDPA's
+    tries = (backend,) if backend is not None else (module.backend(device.torch_device), fallback)
     timed = times_on(device)
     dtype = DTYPES[dtype_name]
     measurement = None
