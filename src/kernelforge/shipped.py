@@ -14,10 +14,16 @@ names what it is over ("over a Triton fallback", say).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from kernelforge.block import Shape
+
+class Shape(Protocol):
+    """What this module reads of a shape (:class:`kernelforge.block.Shape`, which imports this
+    module): its name and its dimensions by name."""
+
+    name: str
+
+    def get(self, key: str, default: Any = None) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -48,21 +54,21 @@ class ShippedPath:
     #: The token counts (the shape's ``T``, inclusive) this entry covers; None: every count.
     tokens: tuple[int, int] | None = None
 
-    def covers(self, shape: "Shape") -> bool:
+    def covers(self, shape: Shape) -> bool:
         """Whether this entry is the one for ``shape`` (its name prefix and token range)."""
         if self.presets != "*" and not shape.name.startswith(self.presets):
             return False
         return self.tokens is None or self.tokens[0] <= int(shape.get("T", -1)) <= self.tokens[1]
 
 
-def shipped_for(paths: tuple[ShippedPath, ...], shape: "Shape") -> ShippedPath | None:
+def shipped_for(paths: tuple[ShippedPath, ...], shape: Shape) -> ShippedPath | None:
     """The entry covering ``shape``: the first specific one, else the first ``*`` one."""
     covering = [p for p in paths if p.covers(shape)]
     specific = [p for p in covering if p.presets != "*"]
     return (specific or covering or [None])[0]
 
 
-def baseline_claim(paths: tuple[ShippedPath, ...], shape: "Shape") -> str:
+def baseline_claim(paths: tuple[ShippedPath, ...], shape: Shape) -> str:
     """How a speedup over the block's baseline on ``shape`` is labelled: ``over experts`` when
     the baseline is the shipped path (or as strong), else ``over <what the baseline is>``;
     ``over the Triton baseline`` when the block declares nothing for the shape."""
