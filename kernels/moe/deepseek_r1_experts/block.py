@@ -74,41 +74,40 @@ PREFILL_TOKENS: tuple[int, ...] = PROMPT_TOKENS
 SKEWED_TOKENS: tuple[int, ...] = (64, 4096)
 
 
+#: Why DeepSeek's library line (DeepGEMM) is not timed on the GPU image.
+_DEEPGEMM_WHY = ("DeepGEMM JIT-compiles every GEMM shape with nvcc at first use (tens of seconds each) and its PyPI "
+                 "release (1.0.0, 2025-02) predates the grouped API vLLM calls; not brought to the image")
+
+
+def _served_layout(presets: str, tuned: str, commit: str) -> tuple[ShippedPath, ShippedPath]:
+    """What vLLM runs on Hopper for one served layout of DeepSeek-R1's experts: its tuned fused_moe
+    file below 128 tokens (the baseline reads it: over experts), DeepGEMM from 128 tokens."""
+    library = dict(library="DeepGEMM grouped FP8 GEMM", on_image=False, why_not=_DEEPGEMM_WHY)
+    return (
+        ShippedPath(presets, "vLLM", f"fused_moe Triton fp8_w8a8, block [128, 128], tuned file {tuned},"
+                    "device_name=NVIDIA_H200 (below 128 tokens)",
+                    f"vllm-project/vllm vllm/model_executor/layers/fused_moe/configs/ (commit {commit})",
+                    baseline_is_expert=True, tokens=(0, 127), **library),
+        ShippedPath(presets, "vLLM", "DeepGEMM grouped FP8 GEMMs (vLLM's default on Hopper from 128 tokens)",
+                    "vllm-project/vllm vllm/model_executor/layers/fused_moe/deep_gemm_moe.py (commit c45614b)",
+                    baseline_is_expert=False, baseline_is="vLLM's fused_moe Triton path with its tuned file (what "
+                    "vLLM runs with DeepGEMM off)", tokens=(128, 1 << 30), **library),
+    )
+
+
 class GroupRoutedExperts(Block):
     """DeepSeek-R1's MoE experts (see the module docstring); subclasses change the constants."""
 
     family = "moe"
     shipped = (
-        ShippedPath(
-            "deepseek-r1-tp8/", "vLLM", "fused_moe Triton fp8_w8a8, block [128, 128], tuned file "
-            "E=256,N=256,device_name=NVIDIA_H200 (below 128 tokens)",
-            "vllm-project/vllm vllm/model_executor/layers/fused_moe/configs/ (commit 645d18f)",
-            baseline_is_expert=True, library="DeepGEMM grouped FP8 GEMM", on_image=False, why_not="DeepGEMM JIT-compiles every GEMM shape with nvcc at first use (tens of seconds each) and its PyPI release (1.0.0, 2025-02) predates the grouped API vLLM calls; not brought to the image",
-            tokens=(0, 127)),
-        ShippedPath(
-            "deepseek-r1-tp8/", "vLLM", "DeepGEMM grouped FP8 GEMMs (vLLM's default on Hopper from 128 tokens)",
-            "vllm-project/vllm vllm/model_executor/layers/fused_moe/deep_gemm_moe.py (commit c45614b)",
-            baseline_is_expert=False, baseline_is="vLLM's fused_moe Triton path with its tuned file (what vLLM "
-            "runs with DeepGEMM off)", library="DeepGEMM grouped FP8 GEMM", on_image=False, why_not="DeepGEMM JIT-compiles every GEMM shape with nvcc at first use (tens of seconds each) and its PyPI release (1.0.0, 2025-02) predates the grouped API vLLM calls; not brought to the image",
-            tokens=(128, 1 << 30)),
-        ShippedPath(
-            "deepseek-r1-ep8/", "vLLM", "fused_moe Triton fp8_w8a8, block [128, 128], tuned file "
-            "E=32,N=2048,device_name=NVIDIA_H200 (below 128 tokens)",
-            "vllm-project/vllm vllm/model_executor/layers/fused_moe/configs/ (commit c6991a3)",
-            baseline_is_expert=True, library="DeepGEMM grouped FP8 GEMM", on_image=False, why_not="DeepGEMM JIT-compiles every GEMM shape with nvcc at first use (tens of seconds each) and its PyPI release (1.0.0, 2025-02) predates the grouped API vLLM calls; not brought to the image",
-            tokens=(0, 127)),
-        ShippedPath(
-            "deepseek-r1-ep8/", "vLLM", "DeepGEMM grouped FP8 GEMMs (vLLM's default on Hopper from 128 tokens)",
-            "vllm-project/vllm vllm/model_executor/layers/fused_moe/deep_gemm_moe.py (commit c45614b)",
-            baseline_is_expert=False, baseline_is="vLLM's fused_moe Triton path with its tuned file (what vLLM "
-            "runs with DeepGEMM off)", library="DeepGEMM grouped FP8 GEMM", on_image=False, why_not="DeepGEMM JIT-compiles every GEMM shape with nvcc at first use (tens of seconds each) and its PyPI release (1.0.0, 2025-02) predates the grouped API vLLM calls; not brought to the image",
-            tokens=(128, 1 << 30)),
+        *_served_layout("deepseek-r1-tp8/", "E=256,N=256", "645d18f"),
+        *_served_layout("deepseek-r1-ep8/", "E=32,N=2048", "c6991a3"),
         ShippedPath(
             "deepseek-r1/", "nobody", "the whole layer on one GPU is not served (about 671 GB of FP8 weights against 80-141 GB "
             "per GPU); vLLM would take its default fused_moe configuration",
             "vllm-project/vllm vllm/model_executor/layers/fused_moe/fused_moe.py get_default_config (commit 000d145)",
             baseline_is_expert=False, baseline_is="vLLM's default fused_moe configuration",
-            library="DeepGEMM grouped FP8 GEMM", on_image=False, why_not="DeepGEMM JIT-compiles every GEMM shape with nvcc at first use (tens of seconds each) and its PyPI release (1.0.0, 2025-02) predates the grouped API vLLM calls; not brought to the image", served=False),
+            library="DeepGEMM grouped FP8 GEMM", on_image=False, why_not=_DEEPGEMM_WHY, served=False),
     )
     #: The expert parallelism of the ``<model>-ep<N>`` presets: one GPU of an 8-GPU node holding
     #: experts / N experts with the whole intermediate size.
