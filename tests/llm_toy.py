@@ -10,6 +10,7 @@ from typing import Any
 
 from kernelforge.catalog import Catalog
 from kernelforge.job import load_job
+from kernelforge.llm.advisor import advice_for
 from kernelforge.llm.proposer import for_job
 from kernelforge.search.loop import Search
 from kernelforge.search.progress import Progress
@@ -89,5 +90,5 @@ def run_llm_search(path: Path, db: Path, **llm_changes: Any):
     store = Store(f"sqlite:///{db}")
     recorder = Recorder()
     outcome = Search(job, catalog, store, recorder, compile_enabled=False, in_process=True,
-                     proposer=for_job(job, store, recorder)).run()
+                     proposer=for_job(job, store, recorder), advisor=advice_for).run()
     return store, recorder, outcome

@@ -123,3 +123,80 @@ def test_no_private_name_crosses_modules():
             crossings += [f"{name}:{line} takes {n} from {target}" for n in names
                           if n.startswith("_") and not n.startswith("__")]
     assert not crossings, "\n".join(crossings)
+
+
+# -- the declared order of the packages (issue 30) ---------------------------------------------------
+#
+# Data flows one way: job, candidates, compile, verify, time, store, report; the command line and
+# the API sit on top and wire a run. A module may import its own package and anything of a lower
+# rank, never a higher one, so no package cycle can form, whatever the modules do. The nouns (the
+# top-level modules) come first; a top-level module that wires stages together sits at the top.
+
+#: Rank of each package, lowest first. Top-level modules not listed are nouns (rank 0).
+PACKAGE_RANKS: dict[str, int] = {
+    "strategies": 0,   # proposers of points: pure, read only the space (the job names them)
+    "quant": 1,        # weight formats of the blocks
+    "devices": 2,      # where kernels run and how they are timed
+    "store": 3,        # the results database
+    "execute": 4,      # executors, verification, timing, policy, sandbox (reads a recording from the store)
+    "compile": 5,      # ahead-of-time compilation (its pool runs in execute's sandbox)
+    "search": 6,       # the search: plan, loop, pipeline, confirmation; seams for proposers and advisers
+    "llm": 7,          # the LLM generator, behind the search's seams
+    "report": 8,       # reports, projections and exports, read from the store
+    "start": 9,        # the wiring of one search run (kernelforge.start)
+    "api": 10,         # the Python API
+    "cli": 10,         # the command line and its launchers
+    "__main__": 11,
+}
+#: Nouns that depend on a package above them, by design: the job names its strategy from the
+#: strategies' table of names (rank 0, so allowed), nothing else.
+NOUN_RANK = 0
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _rank(module: str) -> int:
+    package = _package(module)
+    return PACKAGE_RANKS.get(package, NOUN_RANK) if package else NOUN_RANK
+
+
+def test_every_package_has_a_declared_rank():
+    packages = {_package(m) for m, p in _modules().items() if p.name == "__init__.py" and "." in m}
+    assert packages <= set(PACKAGE_RANKS), f"declare a rank for {sorted(packages - set(PACKAGE_RANKS))}"
+
+
+def test_packages_import_only_downwards():
+    modules = _modules()
+    known = set(modules)
+    upward = []
+    for name, path in modules.items():
+        if name == "kernelforge":  # the package root hands out the API's names lazily (``kernelforge.run``)
+            continue
+        for target, _, line in _imports(name, path, known):
+            if target in known and _package(target) != _package(name) and _rank(target) > _rank(name):
+                upward.append(f"{name}:{line} imports {target} (rank {_rank(target)} > {_rank(name)})")
+    assert not upward, "imports against the declared package order:\n" + "\n".join(upward)
+
+
+def test_the_rank_check_sees_an_upward_import():
+    assert _rank("kernelforge.search.loop") < _rank("kernelforge.llm.generator") < _rank("kernelforge.cli.main")
+    assert _rank("kernelforge.block") == NOUN_RANK and _rank("kernelforge.start") > _rank("kernelforge.report.write")
+
+
+@pytest.mark.parametrize("init", sorted(p for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE),
+                         ids=lambda p: str(p.parent.relative_to(PACKAGE)))
+def test_every_package_states_its_public_face(init):
+    """Each package's ``__init__`` says what it is (a docstring) and names its public modules or
+    names (``__all__``), each of which exists."""
+    tree = ast.parse(init.read_text())
+    assert ast.get_docstring(tree), f"{init}: say what the package is"
+    names = next((ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                  and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)), None)
+    assert names, f"{init}: name the package's public face in __all__"
+    defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    for name in names:
+        assert (init.parent / f"{name}.py").exists() or (init.parent / name / "__init__.py").exists() \
+            or name in defined, f"{init}: __all__ names {name}, which is not there"

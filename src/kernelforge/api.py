@@ -82,7 +82,7 @@ def run(job: Job, *, progress: Progress | None = None, catalog: Catalog | None =
     none); ``device``, ``in_process``, ``compile_ahead`` (False: ``--no-compile``) and ``reconfirm`` are
     the command line's options. A search stopped with Ctrl-C raises KeyboardInterrupt after
     everything measured is stored; running again continues it."""
-    from kernelforge.search.start import run_search
+    from kernelforge.start import run_search
     from kernelforge.search.warm import check_sources
 
     catalog = catalog or default_catalog()

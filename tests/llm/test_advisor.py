@@ -155,7 +155,8 @@ def search(tmp_path: Path, job, db: str):
     catalog = Catalog.discover(FIXTURES)
     store = Store(f"sqlite:///{tmp_path / db}")
     recorder = Recorder()
-    outcome = Search(job, catalog, store, recorder, compile_enabled=False, in_process=True).run()
+    outcome = Search(job, catalog, store, recorder, compile_enabled=False, in_process=True,
+                     advisor=advice_for).run()  # wired as kernelforge.start wires it
     evaluated = [e["params"] for kind, e in recorder.events if kind == "evaluated" and e.get("params")]
     return store, recorder, outcome, evaluated
 

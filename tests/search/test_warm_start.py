@@ -252,7 +252,7 @@ def test_the_job_file_field_is_validated(tmp_path):
 
 
 def test_every_worker_of_a_launch_gets_the_warm_start(tmp_path, monkeypatch):
-    from kernelforge.search import launch as launch_module
+    from kernelforge.cli.launch import local as launch_module
 
     seen = []
     monkeypatch.setattr(launch_module, "run_local", lambda specs, relay, stop: seen.extend(specs) or 0)

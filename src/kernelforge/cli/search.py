@@ -43,7 +43,7 @@ from kernelforge.strategies.names import STRATEGY_NAMES
               help="Ask first the best stored configurations of job JOB in the same storage (measured on any "
                    "device), or of the template's other shapes ('shapes'); repeatable or comma-separated; "
                    "replaces the job's [strategy] warm_start.")
-# -- launcher options (kernelforge.search.launch): many workers of this job -------------------------
+# -- launcher options (kernelforge.cli.launch.local): many workers of this job -------------------------
 @click.option("--workers", type=click.IntRange(1), default=None, metavar="N",
               help="Start N worker processes of this job on this host (they share the job's database).")
 @click.option("--gpus", default=None, metavar="all|0,1,5",
@@ -62,7 +62,7 @@ def search(ctx: click.Context, job_file: str, storage: str | None, device_name: 
     JOB is a job file, or the name of a job under search/ (``demo`` is search/demo.toml).
     """
     if (workers is not None or gpus is not None or ray_address is not None) and not dry_run:
-        from kernelforge.search.launch import launch  # many workers of this job (--workers/--gpus/--ray)
+        from kernelforge.cli.launch.local import launch  # many workers of this job (--workers/--gpus/--ray)
 
         ctx.exit(launch(ctx, workers, gpus, ray_address))
     job, catalog = load_job(ctx, job_file, storage)
@@ -82,7 +82,7 @@ def search(ctx: click.Context, job_file: str, storage: str | None, device_name: 
     from kernelforge.report.write import write_report
     from kernelforge.search.progress import make_progress
     from kernelforge.compile.ray_pool import pool_from_environment
-    from kernelforge.search.start import run_search
+    from kernelforge.start import run_search
     from kernelforge.search.warm import check_sources
     from kernelforge.store.store import Store
 

@@ -28,3 +28,5 @@ Modules, in the order the work flows:
 Triton's own cache (``TRITON_CACHE_DIR`` or its default) is used, so compiling an unchanged kernel
 again costs about a millisecond plus the ptxas resource pass.
 """
+
+__all__ = ["targets", "pool", "sandboxed", "ray_pool", "resources"]

@@ -256,3 +256,14 @@ class CompilePool:
 
     def __exit__(self, *exc: Any) -> None:
         self.shutdown(wait=True, cancel_futures=True)
+
+
+#: How many compile processes a worker's pool gets (set by the launcher for each worker).
+COMPILE_WORKERS_ENV = "KERNELFORGE_COMPILE_WORKERS"
+
+
+def compile_workers_from_env(default: int = 1) -> int:
+    """The compile pool size a launcher chose for this worker (:data:`COMPILE_WORKERS_ENV`), else
+    ``default``."""
+    text = os.environ.get(COMPILE_WORKERS_ENV, "")
+    return int(text) if text.isdigit() and int(text) > 0 else default

@@ -15,3 +15,5 @@ verified, timed and tuned by the search like any other template.
 Enabled by a job's ``[llm]`` table or ``kernelforge search JOB --llm URL --llm-model NAME``;
 ``--llm replay`` reruns a search offline from the transcripts stored in the job database.
 """
+
+__all__ = ["proposer", "advisor", "lineage"]

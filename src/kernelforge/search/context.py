@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from kernelforge.block import DTYPES
 from kernelforge.candidate import Candidate
@@ -50,6 +50,9 @@ class RunContext:
     ledger: "Ledger"
     target: str | None = None
     objective: Objective = Objective.TIME
+    #: The point adviser factory of the run (:data:`kernelforge.search.proposer.AdvisorFactory`;
+    #: None: no study is advised), given by whoever wires the run.
+    advisor: Callable[..., Any] | None = None
 
     @property
     def dtype_name(self) -> str:

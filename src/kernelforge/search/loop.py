@@ -35,7 +35,7 @@ from kernelforge.search.library import measure_library_for_run
 from kernelforge.search.pipeline import Pipeline
 from kernelforge.search.plan import already_spent, baseline_candidates, plan_studies
 from kernelforge.search.progress import Progress
-from kernelforge.search.proposer import Proposer
+from kernelforge.search.proposer import AdvisorFactory, Proposer
 from kernelforge.search.evaluation_loop import EvaluationLoop, SearchOutcome
 from kernelforge.search.proposals import Proposals
 from kernelforge.search.reserve import Reserve
@@ -50,18 +50,22 @@ class Search:
 
     ``proposer``: proposes templates and points beside the job's strategy (the LLM generator,
     built by :func:`kernelforge.llm.proposer.for_job`); without one, a reserve the job keeps for
-    it goes back to the human templates.
+    it goes back to the human templates. ``advisor``: builds each study's point adviser
+    (:data:`kernelforge.search.proposer.AdvisorFactory`; the LLM's ``advice_for``). Both are given
+    by whoever wires the run (:mod:`kernelforge.start`): the search imports neither's package.
     """
 
     def __init__(self, job: Job, catalog: Catalog, store: Store, progress: Progress, *,
                  device_name: str | None = None, compile_workers: int = 1, compile_enabled: bool = True,
-                 in_process: bool = False, proposer: Proposer | None = None, reconfirm: bool = False,
+                 in_process: bool = False, proposer: Proposer | None = None, advisor: AdvisorFactory | None = None,
+                 reconfirm: bool = False,
                  pool=None):
         self.job = job
         self.catalog = catalog
         self.store = store
         self.progress = progress
         self.proposer = proposer
+        self.advisor = advisor
         # Candidates run in a worker process (crash, hang and memory isolation, no secrets:
         # kernelforge.execute.worker); ``in_process`` (CLI --in-process) is for debugging trusted
         # templates. The worker never sees the LLM's key.
@@ -101,7 +105,7 @@ class Search:
         self.run_context = RunContext(
             job=self.job, catalog=self.catalog, store=self.store, executor=self.executor, progress=self.progress,
             env=env, env_key=env_key(env), ledger=self.store.ledger(self.job.name, env_key(env)), target=target,
-            objective=objective,
+            objective=objective, advisor=self.advisor,
             baselines={spec.id: baseline_candidates(self.catalog, spec.id, self.catalog.block(spec.id).shapes(spec.shapes))
                        for spec in self.job.blocks},
         )

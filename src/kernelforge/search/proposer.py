@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 from kernelforge.result import Status
 from kernelforge.template import Template
@@ -166,3 +166,10 @@ class Proposer(Protocol):
     def summary(self) -> dict[str, Any]:
         """What it did, for the closing line (requests, attempts, tokens, kinds, stopped)."""
         ...
+
+
+#: The point adviser of one study (``[llm] guide_points``), built by whoever wires the run (the LLM's
+#: :func:`kernelforge.llm.advisor.advice_for`): given the run, the study's template and shapes, the
+#: points to ask first, as a callable the guided strategy calls, or None (no advice for that study).
+#: A seam like :class:`Proposer`: the search never imports the package that advises.
+AdvisorFactory = Callable[..., Any]

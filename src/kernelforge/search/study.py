@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 from kernelforge.block import Block, Shape
-from kernelforge.llm.advisor import advice_for
 from kernelforge.search.energy import objectives
 from kernelforge.search.warm import warm_start_points
 from kernelforge.strategies.ahead import AskAhead, asks_ahead
@@ -98,7 +97,7 @@ def make_strategy_for(run: "RunContext", template: Template, name: str, shapes: 
     strategy = make_strategy(job.strategy.name, template.space, seed=job.seed, baseline=firsts,
                              storage=run.store.url if stateful else None, study_name=name,
                              objectives=objectives(run.objective))
-    advice = advice_for(run, template, shapes)  # [llm] guide_points: the LLM's points first
+    advice = run.advisor(run, template, shapes) if run.advisor else None  # [llm] guide_points: the LLM's points first
     if advice is not None:
         strategy = GuidedStrategy(strategy, advice)
     # A strategy with a model computes its next ask while the device measures (asks_ahead decides).

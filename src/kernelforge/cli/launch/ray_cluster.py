@@ -3,7 +3,7 @@
 The driver connects to the cluster (``ray.init(address=ADDRESS)``, ``auto`` by default), counts
 its GPUs (``ray.cluster_resources()["GPU"]``) and runs that many Ray tasks with ``num_gpus=1``.
 Each task runs the same worker command line as a local launcher would
-(``kernelforge.search.launch.worker_argv``) as a subprocess, in the driver's working folder:
+(``kernelforge.cli.launch.local.worker_argv``) as a subprocess, in the driver's working folder:
 Ray sets CUDA_VISIBLE_DEVICES for the task and the subprocess inherits it. Ray only places the
 workers; the workers cooperate through the job's database. Every host therefore needs the same
 checkout at the same path (the same virtualenv, the job file, the kernels) and a storage URL all
@@ -26,7 +26,8 @@ from typing import Any
 
 from kernelforge.errors import UserError
 from kernelforge.compile.ray_pool import RAY_COMPILE_ENV
-from kernelforge.search.supervise import (COMPILE_WORKERS_ENV, Relay, Stop, WorkerSpec, check_shareable_storage,
+from kernelforge.compile.pool import COMPILE_WORKERS_ENV
+from kernelforge.cli.launch.supervise import (Relay, Stop, WorkerSpec, check_shareable_storage,
                                           die_with_launcher, exit_status)
 
 #: How long a cancelled task waits for its worker to stop before killing it.

@@ -1,4 +1,4 @@
-"""Local workers of one job (kernelforge.search.launch): the workers' command lines and
+"""Local workers of one job (kernelforge.cli.launch.local): the workers' command lines and
 environments, the errors, real workers against one SQLite file, and the signals."""
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ import pytest
 from click.testing import CliRunner
 
 from kernelforge.cli.main import main
-from kernelforge.search import launch as launch_module
-from kernelforge.search.launch import parse_gpus
-from kernelforge.search.supervise import COMPILE_WORKERS_ENV, STORAGE_ENV, Relay, Stop, WorkerSpec, exit_status
+from kernelforge.cli.launch import local as launch_module
+from kernelforge.cli.launch.local import parse_gpus
+from kernelforge.compile.pool import COMPILE_WORKERS_ENV
+from kernelforge.cli.launch.supervise import STORAGE_ENV, Relay, Stop, WorkerSpec, exit_status
 from kernelforge.errors import UserError
 from toy_job import CLI, FIXTURES, toy_job
 

@@ -1,5 +1,5 @@
 """Supervising the worker processes of one job, for the local and the Ray launchers
-(:mod:`kernelforge.search.launch`, :mod:`kernelforge.search.ray_launch`): what a worker is
+(:mod:`kernelforge.cli.launch.local`, :mod:`kernelforge.cli.launch.ray_cluster`): what a worker is
 (:class:`WorkerSpec`), whether its database can be shared, the launcher's signals (:class:`Stop`)
 and exit status, and the relay of the workers' output (:class:`Relay`).
 """
@@ -16,8 +16,6 @@ from typing import IO, Any, Callable
 
 from kernelforge.errors import UserError
 
-#: How many compile processes a worker's pool gets (set by the launcher for each worker).
-COMPILE_WORKERS_ENV = "KERNELFORGE_COMPILE_WORKERS"
 #: A worker's --storage: passed in its environment, never on its command line (``ps`` shows every
 #: command line on the host, and a URL may hold a password).
 STORAGE_ENV = "KERNELFORGE_STORAGE"
@@ -39,11 +37,6 @@ class WorkerSpec:
         return {**base, "PYTHONUNBUFFERED": "1", **dict(self.env)}
 
 
-def compile_workers_from_env(default: int = 1) -> int:
-    """The compile pool size a launcher chose for this worker (:data:`COMPILE_WORKERS_ENV`), else
-    ``default``."""
-    text = os.environ.get(COMPILE_WORKERS_ENV, "")
-    return int(text) if text.isdigit() and int(text) > 0 else default
 
 
 def compile_share(workers: int, cpus: int | None = None) -> int:

@@ -1,17 +1,20 @@
 """One search of a job, wired as ``kernelforge search`` and ``kernelforge.api.run`` both run it:
-the compile workers the environment asks for (``compile_workers_from_env``) and the job's LLM proposer
-(none without an ``[llm]`` table). The callers open the store, check the warm-start sources and
+the compile workers the environment asks for (``compile_workers_from_env``), the job's LLM proposer
+(none without an ``[llm]`` table) and its point adviser. The wiring of a run lives here, at the top,
+so that the search below never imports the LLM generator: it reaches it only through its seams
+(:class:`~kernelforge.search.proposer.Proposer`, :data:`~kernelforge.search.proposer.AdvisorFactory`). The callers open the store, check the warm-start sources and
 report; this is the part they share."""
 
 from __future__ import annotations
 
 from kernelforge.catalog import Catalog
+from kernelforge.compile.pool import compile_workers_from_env
 from kernelforge.job import Job
+from kernelforge.llm.advisor import advice_for
 from kernelforge.llm.proposer import for_job
 from kernelforge.search.evaluation_loop import SearchOutcome
 from kernelforge.search.loop import Search
 from kernelforge.search.progress import Progress
-from kernelforge.search.supervise import compile_workers_from_env
 from kernelforge.store.store import Store
 
 
@@ -22,4 +25,5 @@ def run_search(job: Job, catalog: Catalog, store: Store, progress: Progress, *, 
     (a Ray cluster's CPUs), else compiles run on this host."""
     return Search(job, catalog, store, progress, device_name=device_name, compile_enabled=compile_enabled,
                   in_process=in_process, compile_workers=compile_workers_from_env(), pool=pool,
-                  proposer=for_job(job, store, progress), reconfirm=reconfirm).run()
+                  proposer=for_job(job, store, progress), advisor=advice_for,
+                  reconfirm=reconfirm).run()

@@ -1,6 +1,6 @@
 """Many workers of one job from one command: ``kernelforge search JOB --workers N`` (N local worker
 processes), ``--gpus all|0,1,5`` (one per local GPU, each seeing only its own) and ``--ray
-[ADDRESS]`` (one per GPU of a Ray cluster, :mod:`kernelforge.search.ray_launch`).
+[ADDRESS]`` (one per GPU of a Ray cluster, :mod:`kernelforge.cli.launch.ray_cluster`).
 
 Each worker is the same ``kernelforge search`` command line with the launcher options removed,
 plus ``--no-report`` and ``--progress jsonl``; the workers cooperate through the job's database
@@ -13,7 +13,7 @@ the first worker that failed (in time).
 
 Each worker's compile pool gets ``max(1, cpus // N)`` processes, passed in the environment
 variable ``KERNELFORGE_COMPILE_WORKERS`` (read by
-:func:`kernelforge.search.supervise.compile_workers_from_env`).
+:func:`kernelforge.compile.pool.compile_workers_from_env`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ import click
 from click.core import ParameterSource
 
 from kernelforge.errors import UserError
-from kernelforge.search.supervise import (COMPILE_WORKERS_ENV, STORAGE_ENV, Relay, Stop, WorkerSpec, check_shareable_storage,
+from kernelforge.compile.pool import COMPILE_WORKERS_ENV
+from kernelforge.cli.launch.supervise import (STORAGE_ENV, Relay, Stop, WorkerSpec, check_shareable_storage,
                                           compile_share, die_with_launcher, exit_status, pump)
 
 #: The search command's options that choose the launcher; never passed on to a worker.
@@ -206,7 +207,7 @@ def _launch(ctx: click.Context, workers: int | None, gpus: str | None, ray: str 
     relay = Relay(mode)
     storage = ((STORAGE_ENV, params["storage"]),) if params.get("storage") else ()
     if ray is not None:
-        from kernelforge.search.ray_launch import run_ray
+        from kernelforge.cli.launch.ray_cluster import run_ray
 
         code = run_ray(worker_argv(ctx), job, ray, relay, stop, storage)
     else:

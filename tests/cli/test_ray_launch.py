@@ -36,7 +36,7 @@ def events(stdout: str) -> list[dict]:
 
 
 def test_without_ray_the_error_names_the_extra(monkeypatch):
-    from kernelforge.search.ray_launch import connect
+    from kernelforge.cli.launch.ray_cluster import connect
 
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
     with pytest.raises(UserError, match=r"pip install kernelforge\[ray\]"):
