@@ -13,8 +13,8 @@ from kernelforge.job import load_job
 from kernelforge.llm.advisor import advice_for
 from kernelforge.llm.proposer import for_job
 from kernelforge.search.loop import Search
-from kernelforge.search.progress import Progress
 from kernelforge.store.store import Store
+from kf_progress import Recorder
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "kernels"
 BLOCK = "toy/axpy"
@@ -48,15 +48,6 @@ def variant(template: str, n: int) -> str:
     """The same kernel with another comment in its module: another template, another candidate."""
     return template.replace("import triton\n", f"import triton  # variant {n}\n", 1)
 
-
-class Recorder(Progress):
-    """Keeps every progress event, as (kind, data)."""
-
-    def __init__(self):
-        self.events: list[tuple[str, dict[str, Any]]] = []
-
-    def event(self, kind, **data):
-        self.events.append((kind, data))
 
 
 def _toml(value: Any) -> str:

@@ -19,9 +19,9 @@ from kernelforge.job import load_job
 from kernelforge.llm_spec import LLMSpec
 from kernelforge.llm.advisor import PURPOSE, PointAdvisor, advice_for, parse_points
 from kernelforge.search.loop import Search
-from kernelforge.search.progress import Progress
 from kernelforge.store.store import Store
 from llm_server import Reply, ScriptedServer
+from kf_progress import Recorder
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "kernels"
@@ -50,15 +50,6 @@ shapes = "smoke"
 {llm}
 """
 
-
-class Recorder(Progress):
-    """Every event as given (before any redaction)."""
-
-    def __init__(self):
-        self.events = []
-
-    def event(self, kind, **data):
-        self.events.append((kind, data))
 
 
 @pytest.fixture(scope="module")

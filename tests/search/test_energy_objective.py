@@ -17,8 +17,8 @@ from kernelforge.result import Status, StoredResult
 from kernelforge.search.energy import NVML_ENERGY, objective_in_effect, objective_value
 from kernelforge.search.loop import Search
 from kernelforge.search.plan import study_name
-from kernelforge.search.progress import Progress
 from kernelforge.store.store import Store
+from kf_progress import Recorder
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kernels"
 
@@ -39,13 +39,6 @@ shapes = "check"
 templates = ["baseline"]
 """
 
-
-class Recorder(Progress):
-    def __init__(self):
-        self.events = []
-
-    def event(self, kind, **data):
-        self.events.append((kind, data))
 
 
 def row(shape: str, seconds: float, joules: float | None) -> StoredResult:

@@ -24,10 +24,10 @@ from kernelforge.catalog import Catalog
 from kernelforge.cli.main import main
 from kernelforge.errors import UserError
 from kernelforge.job import load_job
-from kernelforge.search.progress import Progress
 from kernelforge.result import Status
 from kernelforge.search.loop import Search
 from kernelforge.store.store import Store
+from kf_progress import Recorder
 
 pytestmark = pytest.mark.interpreter
 
@@ -51,13 +51,6 @@ id = "{block}"
 shapes = "smoke"
 """
 
-
-class Recorder(Progress):
-    def __init__(self):
-        self.events = []
-
-    def event(self, kind, **data):
-        self.events.append((kind, data))
 
 
 def job_file(folder: Path, name: str = "toy", block: str = "toy/axpy", evaluations: int = 9,

@@ -25,10 +25,10 @@ from kernelforge.compile.targets import parse_target
 from kernelforge.job import load_job
 from kernelforge.result import Status, resource_rejected
 from kernelforge.search.loop import Search
-from kernelforge.search.progress import Progress
 from kernelforge.store.ledger import ClaimState
 from kernelforge.store.store import Store
 from kernelforge.strategies.base import Strategy
+from kf_progress import Recorder
 
 pytestmark = pytest.mark.interpreter
 
@@ -52,16 +52,6 @@ id = "{block}"
 shapes = "check"
 """
 
-
-class Recorder(Progress):
-    def __init__(self):
-        self.events = []
-
-    def event(self, kind, **data):
-        self.events.append((kind, data))
-
-    def of(self, kind):
-        return [d for k, d in self.events if k == kind]
 
 
 class StandInPool:

@@ -14,10 +14,10 @@ import pytest
 
 from kernelforge.catalog import Catalog
 from kernelforge.job import load_job
-from kernelforge.search.progress import Progress
 from kernelforge.search.loop import Search
 from kernelforge.store.records import StoreCounts
 from kernelforge.store.store import Store
+from kf_progress import Recorder
 
 pytestmark = pytest.mark.interpreter
 
@@ -42,13 +42,6 @@ id = "toy/axpy"
 shapes = "check"
 """
 
-
-class Recorder(Progress):
-    def __init__(self):
-        self.events = []
-
-    def event(self, kind, **data):
-        self.events.append((kind, data))
 
 
 def job_file(tmp_path: Path, name="toy", device="interpret", tune="all-shapes", strategy="tpe", evaluations=5) -> Path:

@@ -23,6 +23,7 @@ from kernelforge.search.loop import Search
 from kernelforge.search.plan import baseline_candidate, baseline_candidates
 from kernelforge.search.progress import Progress
 from kernelforge.store.store import Store
+from kf_progress import Recorder
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "kernels"
@@ -50,16 +51,6 @@ id = "toy/axpy_rules"
 shapes = "rules"
 """
 
-
-class Recorder(Progress):
-    def __init__(self):
-        self.events = []
-
-    def event(self, kind, **data):
-        self.events.append((kind, data))
-
-    def of(self, kind):
-        return [d for k, d in self.events if k == kind]
 
 
 def search(tmp_path: Path, *, tune="all-shapes", evaluations=4, name="rules"):

@@ -19,9 +19,9 @@ from kernelforge.errors import UserError
 from kernelforge.job import load_job
 from kernelforge.result import Status, StoredResult
 from kernelforge.search.loop import Search
-from kernelforge.search.progress import Progress
 from kernelforge.search.warm import collect
 from kernelforge.store.store import Store
+from kf_progress import Recorder
 
 pytestmark = pytest.mark.interpreter
 
@@ -48,16 +48,6 @@ id = "toy/axpy"
 shapes = "{shapes}"
 """
 
-
-class Recorder(Progress):
-    def __init__(self):
-        self.events = []
-
-    def event(self, kind, **data):
-        self.events.append((kind, data))
-
-    def of(self, kind):
-        return [data for k, data in self.events if k == kind]
 
 
 def write_job(tmp_path: Path, db: Path, name: str, *, strategy="grid", evaluations=5, shapes="check", extra="") -> Path:
