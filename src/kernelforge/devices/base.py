@@ -15,7 +15,30 @@ candidate on. Its contract, which every device keeps:
   two timings are comparable only when their descriptions agree;
 - a device is rebuilt in a worker process from its class and constructor arguments
   (:mod:`kernelforge.execute.worker` reads them back as attributes of the same names), so
-  constructor arguments must be stored under their own names.
+  constructor arguments must be stored under their own names;
+- what the rest of kernelforge may assume of it is stated by its **capabilities**, class
+  attributes every device sets and nothing else guesses from its name:
+
+  ``measures_hardware``
+      its timings are a GPU's: rooflines, energy and the library lines apply, and the timing
+      cross-check uses ``triton.testing.do_bench`` (the interpreter's wall time is no hardware's);
+  ``sandbox_role``
+      the OS-sandbox role of its worker (:class:`kernelforge.execute.sandbox.Role` value:
+      ``"cuda"`` may run the GPU driver, ptxas and the C compiler; ``"interpreter"`` runs nothing);
+  ``jit_on_first_call``
+      a kernel's first call compiles it, so the first call gets the compile time limit too;
+  ``fatal_errors``
+      a pattern of messages after which the process's device state is lost (the worker is
+      retired; None: never);
+  ``address_space_limit``
+      whether a worker may run under an address-space limit (a GPU driver maps more virtual
+      memory than any limit would allow);
+  ``rotates_input_sets``
+      whether timing rotates several freshly generated input sets (to keep a cache cold) or
+      uses one (the interpreter: no cache to defeat, and its calls are slow).
+
+  ``tests/devices/test_device_contract.py`` runs the contract on every device, and on a skeleton
+  device that shows what a new one (a ROCm GPU, say) must provide (docs/devices.md).
 
 The devices are :class:`kernelforge.devices.cuda.CudaDevice` (a real GPU) and
 :class:`kernelforge.devices.interpret.InterpretDevice` (Triton's CPU interpreter);
@@ -26,6 +49,7 @@ measurements) belongs to the search and lives in :mod:`kernelforge.execute.repla
 from __future__ import annotations
 
 import platform
+import re
 import statistics
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Sequence
@@ -61,6 +85,13 @@ class Device(ABC):
     name: str = ""
     #: the torch device tensors are allocated on
     torch_device: str = "cpu"
+    # -- capabilities (see the module docstring) --
+    measures_hardware: bool = False
+    sandbox_role: str = "interpreter"
+    jit_on_first_call: bool = False
+    fatal_errors: "re.Pattern[str] | None" = None
+    address_space_limit: bool = True
+    rotates_input_sets: bool = False
 
     def prepare(self) -> None:
         """Make the device usable in this process (before any candidate module is loaded)."""

@@ -25,6 +25,7 @@ is flagged in ``Timing.extra["event_wall_mismatch"]``.
 from __future__ import annotations
 
 import math
+import re
 import statistics
 import time
 from typing import Any, Sequence
@@ -58,6 +59,10 @@ DRAIN_FACTOR = 1.5
 DRAIN_SLACK_S = 100e-6
 
 
+#: Messages after which a CUDA context is lost: the worker that saw one is retired.
+CUDA_FATAL = re.compile(r"CUDA error|illegal memory access|device-side assert|unspecified launch failure|"
+                        r"misaligned address|CUDA_ERROR|cudaError|an illegal instruction", re.IGNORECASE)
+
 #: The two methods of this device (``Timing.method``).
 EVENTS = "cuda-events"
 GRAPH = "cuda-graph"
@@ -88,6 +93,12 @@ class CudaDevice(Device):
     """A CUDA GPU, timed with events (or CUDA-graph replays for short kernels)."""
 
     name = "cuda"
+    measures_hardware = True
+    sandbox_role = "cuda"
+    jit_on_first_call = True
+    fatal_errors = CUDA_FATAL
+    address_space_limit = False
+    rotates_input_sets = True
 
     def __init__(self, warmup: int = 10, rounds: int = 3, calls_per_round: int = 50, index: int = 0):
         self.warmup = warmup

@@ -106,7 +106,7 @@ def cross_check_shape(catalog: Catalog, block: Block, shape: Shape, dtype: torch
     except Exception as exc:  # noqa: BLE001 - a broken baseline is this row's finding, not the command's end
         return CrossCheckRow(block.id, shape.name, dtype_name, None, "-", None, None, None, "-",
                              f"kernelforge's timing failed: {type(exc).__name__}: {exc}"[:500])
-    if device.name == "interpret":
+    if not device.measures_hardware:
         second, graph, way = _wall_median(call, INTERPRETER_CALLS), None, "host wall clock (interpreter)"
         notes.append("no GPU: the second way is the host's wall clock, and there are no CUDA graphs")
     else:

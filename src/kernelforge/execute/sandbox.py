@@ -215,10 +215,6 @@ class Role(Enum):
     #: a compile pool process: Triton runs ptxas; no GPU
     COMPILER = "compiler"
 
-    @classmethod
-    def of_device(cls, device_name: str) -> "Role":
-        return cls.CUDA if device_name == "cuda" else cls.INTERPRETER
-
 
 @dataclass(frozen=True)
 class SandboxPlan:
@@ -388,11 +384,11 @@ def apply_sandbox(role: Role, temp_dir: str, read_roots: Sequence[str] = (), *,
     return plan
 
 
-def apply_worker_sandbox(device_name: str) -> SandboxPlan:
+def apply_worker_sandbox(role: str) -> SandboxPlan:
     """:func:`apply_sandbox` in an evaluation worker started with :func:`sandbox_environment`
     (its folder and kernels folders are in ``KERNELFORGE_SANDBOX_DIR`` / ``_READ``)."""
     temp_dir = os.environ.get("KERNELFORGE_SANDBOX_DIR")
     if not temp_dir:
         raise UserError("the worker was not started with a sandbox environment (no KERNELFORGE_SANDBOX_DIR)")
     roots = [r for r in os.environ.get("KERNELFORGE_SANDBOX_READ", "").split(os.pathsep) if r]
-    return apply_sandbox(Role.of_device(device_name), temp_dir, roots)
+    return apply_sandbox(Role(role), temp_dir, roots)

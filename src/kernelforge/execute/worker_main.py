@@ -74,7 +74,7 @@ def _health_check(device: Any) -> Callable[[], str | None]:
             return "a candidate left threads running"
         if switches() != settings:
             return "a candidate changed Triton's interpreter switch"
-        if device.name == "cuda":
+        if device.fatal_errors is not None:  # a device whose errors can stick: surface one now
             try:
                 device.synchronize()
             except Exception as exc:  # a sticky CUDA error surfaces at the next synchronisation
@@ -110,7 +110,7 @@ def serve(receive: Connection, send: Connection, arena_fd: int = -1) -> None:
         from kernelforge.execute.arena import ArenaView
         from kernelforge.execute.wire import encode
         from kernelforge.execute.worker_serve import WorkerSession
-        apply_worker_sandbox(device.name)  # Landlock and seccomp: after the imports, before any candidate
+        apply_worker_sandbox(device.sandbox_role)  # Landlock and seccomp: after the imports, before any candidate
     except BaseException as exc:
         _answer(send, "init_error", message=f"{type(exc).__name__}: {exc}")
         return

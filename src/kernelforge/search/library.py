@@ -51,9 +51,10 @@ FALLBACK_BACKEND = "sdpa"
 
 
 def times_on(device: "Device") -> bool:
-    """Whether library references are timed on ``device``: on a GPU only (an interpreter timing of
-    a CPU library call next to Triton-interpreter timings would mean nothing)."""
-    return device.name == "cuda"
+    """Whether library references are timed on ``device``: where its timings are a GPU's
+    (``measures_hardware``; an interpreter timing of a CPU library call next to Triton-interpreter
+    timings would mean nothing)."""
+    return device.measures_hardware
 
 
 @dataclass(frozen=True)
@@ -155,11 +156,13 @@ def measure_library_for_run(run: "RunContext", plans: Mapping[str, "TimingPlan"]
     Only a GPU run measures anything: on other executors (interpreter, replay) this returns {}.
     Blocks whose every shape already has a line in this environment are skipped; a reference
     that cannot even be loaded is a warning event, never an error of the search."""
-    if run.executor.kind != "cuda" or not run.executor.runs_code:
+    if not run.executor.runs_code:
         return {}
     from kernelforge.devices.registry import get_device
 
-    device = get_device("cuda")
+    device = get_device(run.executor.kind)
+    if not times_on(device):
+        return {}
     device.prepare()
     env = {**run.env, "sandbox": TRUSTED_SANDBOX}  # same env_key: it depends on device and versions only
     out = {}
