@@ -15,6 +15,7 @@ from typing import Any
 
 from kernelforge.errors import UserError
 
+
 @dataclass(frozen=True)
 class Target:
     """A GPU to compile for: Triton's ``GPUTarget`` fields plus the per-block limits we check."""
@@ -27,6 +28,16 @@ class Target:
     description: str = ""
     max_threads: int = 1024
     tmem_columns: int | None = None  # Blackwell tensor memory per SM, in columns
+    # Per-architecture facts the LLM prompt gives (CUDA programming guide, compute capability
+    # tables; None: not known here, never guessed). ``gpu`` names the product whose ceilings
+    # (:func:`kernelforge.devices.hardware.ceilings_for`) describe this target when no GPU measures.
+    gpu: str = ""
+    sms: int | None = None
+    shared_per_sm: int | None = None  # bytes
+    fp32_flops: float | None = None  # CUDA-core (no tensor core) FP32 rate, datasheet
+    fp8: bool = False  # tensor cores take fp8 (at twice the 16-bit rate)
+    registers_per_sm: int | None = None  # 32-bit registers
+    registers_per_thread: int | None = None
 
     @property
     def is_cuda(self) -> bool:
@@ -39,6 +50,10 @@ class Target:
         return GPUTarget(self.backend, self.arch, self.warp_size)
 
 
+#: NVIDIA's register file: 64K 32-bit registers per SM, at most 255 per thread.
+_NVIDIA_REGISTERS = {"registers_per_sm": 65536, "registers_per_thread": 255}
+
+
 def _cuda(cc: int, shared: int, description: str, **extra: Any) -> Target:
     return Target(f"sm_{cc}", "cuda", cc, 32, shared, description, **extra)
 
@@ -49,11 +64,14 @@ def _cuda(cc: int, shared: int, description: str, **extra: Any) -> Target:
 TARGETS: dict[str, Target] = {
     t.name: t
     for t in (
-        _cuda(80, 166912, "NVIDIA A100 (Ampere)"),
+        _cuda(80, 166912, "NVIDIA A100 (Ampere)", gpu="NVIDIA A100", sms=108, shared_per_sm=167936,
+              fp32_flops=19.5e12, **_NVIDIA_REGISTERS),
         _cuda(86, 101376, "NVIDIA RTX 30xx / A10 / A40 (Ampere)"),
         _cuda(89, 101376, "NVIDIA L4 / L40 / RTX 40xx (Ada)"),
-        _cuda(90, 232448, "NVIDIA H100 / H200 (Hopper, sm_90a)"),
-        _cuda(100, 232448, "NVIDIA B200 / GB200 (Blackwell, sm_100a)", tmem_columns=512),
+        _cuda(90, 232448, "NVIDIA H100 / H200 (Hopper, sm_90a)", gpu="NVIDIA H200", sms=132, shared_per_sm=233472,
+              fp32_flops=67e12, fp8=True, **_NVIDIA_REGISTERS),
+        _cuda(100, 232448, "NVIDIA B200 / GB200 (Blackwell, sm_100a)", tmem_columns=512, sms=148,
+              shared_per_sm=233472, fp8=True, **_NVIDIA_REGISTERS),
         _cuda(120, 101376, "NVIDIA RTX 50xx / RTX PRO 6000 (Blackwell, sm_120a)"),
         Target("gfx90a", "hip", "gfx90a", 64, 65536, "AMD MI200 (CDNA2)"),
         Target("gfx942", "hip", "gfx942", 64, 65536, "AMD MI300X / MI325X (CDNA3)"),

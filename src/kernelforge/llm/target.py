@@ -5,9 +5,11 @@ prompt still describes the job's target, the GPU the kernel will run on. That is
 when the run has one (``env``: a CUDA device, or the recorded one of a replay), else the GPU of
 the job's compile ``target`` (``sm_90`` is an H100/H200, described by the H200's figures).
 
-Figures are datasheet ones (dense, no sparsity) from :mod:`kernelforge.devices.hardware` and
-:mod:`kernelforge.compile.targets`, plus per-SM resources of each architecture (CUDA programming
-guide, compute capability tables). Where a figure is not known it is left out, never guessed.
+Figures come from the two tables of GPU facts and nowhere else: per product, the ceilings of
+:mod:`kernelforge.devices.hardware` (datasheet, dense, no sparsity; measured where known); per
+architecture, the compile targets of :mod:`kernelforge.compile.targets` (limits and per-SM
+resources). This module holds no figure of its own. Where a figure is not known it is left out,
+never guessed.
 """
 
 from __future__ import annotations
@@ -17,27 +19,6 @@ from dataclasses import dataclass
 from kernelforge.compile.targets import FALLBACK_TARGET, Target, parse_target
 from kernelforge.devices.hardware import Ceilings, ceilings_for, timed_device_name
 from kernelforge.errors import UserError
-
-
-@dataclass(frozen=True)
-class _Arch:
-    """Per-SM resources of one target architecture and the GPU whose figures describe it."""
-
-    gpu: str  # a name :func:`ceilings_for` knows, or "" (no ceilings)
-    sms: int | None
-    shared_per_sm: int | None  # bytes
-    fp32_flops: float | None  # CUDA-core (no tensor core) FP32 rate, datasheet
-    fp8: bool  # tensor cores take fp8 (at twice the 16-bit rate)
-
-
-#: Architecture facts by target name. NVIDIA: 64K 32-bit registers per SM, 255 per thread.
-_ARCHS: dict[str, _Arch] = {
-    "sm_80": _Arch("NVIDIA A100", 108, 167936, 19.5e12, False),
-    "sm_90": _Arch("NVIDIA H200", 132, 233472, 67e12, True),
-    "sm_100": _Arch("", 148, 233472, None, True),
-}
-_REGISTERS_PER_SM = 65536
-_REGISTERS_PER_THREAD = 255
 
 
 @dataclass(frozen=True)
@@ -77,9 +58,9 @@ class TargetGPU:
         resources = [f"shared memory {t.shared_limit // 1024} KiB per block (opt-in maximum)"]
         if self.shared_per_sm:
             resources.append(f"{self.shared_per_sm // 1024} KiB per SM")
-        if t.is_cuda:
-            resources.append(f"registers {_REGISTERS_PER_SM // 1024}K 32-bit per SM, at most "
-                             f"{_REGISTERS_PER_THREAD} per thread")
+        if t.registers_per_sm:
+            resources.append(f"registers {t.registers_per_sm // 1024}K 32-bit per SM, at most "
+                             f"{t.registers_per_thread} per thread")
         resources.append(f"at most {t.max_threads} threads per block, warp size {t.warp_size}")
         if self.sms:
             resources.append(f"{self.sms} SMs (a grid of fewer programs than SMs leaves the GPU partly idle)")
@@ -96,15 +77,14 @@ def target_gpu(env: dict, target: str | None) -> TargetGPU:
         target_info = parse_target(target or FALLBACK_TARGET)
     except UserError:  # a local GPU kernelforge has no limits for: describe the fallback's
         target_info = parse_target(FALLBACK_TARGET)
-    arch = _ARCHS.get(target_info.name, _Arch("", None, None, None, False))
+    t = target_info
     measured = timed_device_name(env)
     ceilings = ceilings_for(measured) if measured else None
     if ceilings is not None:
-        return TargetGPU(target_info, str(measured), "the GPU this search measures on", ceilings, arch.sms,
-                         arch.shared_per_sm, arch.fp32_flops, arch.fp8)
-    return TargetGPU(target_info, arch.gpu, f"the job's target, described by the {arch.gpu}'s figures" if arch.gpu
-                     else "the job's target", ceilings_for(arch.gpu) if arch.gpu else None, arch.sms,
-                     arch.shared_per_sm, arch.fp32_flops, arch.fp8)
+        return TargetGPU(t, str(measured), "the GPU this search measures on", ceilings, t.sms, t.shared_per_sm,
+                         t.fp32_flops, t.fp8)
+    return TargetGPU(t, t.gpu, f"the job's target, described by the {t.gpu}'s figures" if t.gpu else "the job's target",
+                     ceilings_for(t.gpu) if t.gpu else None, t.sms, t.shared_per_sm, t.fp32_flops, t.fp8)
 
 
 __all__ = ["TargetGPU", "target_gpu"]
