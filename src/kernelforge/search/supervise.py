@@ -80,12 +80,12 @@ class Stop:
         self._previous: dict[int, Any] = {}
 
     def install(self) -> None:
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             self._previous[signum] = signal.signal(signum, self._on_signal)
 
     def reclaim(self) -> None:
         """Handle the signals again after a library replaced the handlers (``ray.init`` does)."""
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, self._on_signal)
 
     def uninstall(self) -> None:
