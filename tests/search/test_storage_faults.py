@@ -243,3 +243,37 @@ def test_backup_copies_a_job_database_consistently(tmp_path):
     finally:
         holder.rollback()
         holder.close()
+
+
+# -- Optuna's view true to the store --------------------------------------------------------------
+
+
+def test_after_kills_and_a_final_run_optuna_and_the_ledger_hold_no_dead_workers_leftovers(tmp_path):
+    """SIGKILLed runs leave their worker row and a RUNNING trial behind; the next run (alone on the
+    job) retires both with a warning, so a finished job has no RUNNING trial, no worker row, and one
+    observed trial per evaluated point."""
+    job = toy_job(tmp_path, "toy", evaluations=8)
+    job.write_text(job.read_text().replace('name = "grid"', 'name = "tpe"'))
+    for _ in range(2):
+        proc = _search(tmp_path, job, "--in-process", "--no-report", progress="jsonl")
+        for line in proc.stdout:
+            if json.loads(line).get("event") == "evaluated":
+                proc.send_signal(signal.SIGKILL)
+                break
+        proc.communicate(timeout=300)
+    assert rows(tmp_path / DB, "select count(*) from kf_workers") != [(0,)]  # the killed runs' rows
+    final = _search(tmp_path, job, "--in-process", "--no-report", progress="jsonl")
+    out, err = final.communicate(timeout=300)
+    assert final.returncode == 0, err
+    warnings = [json.loads(line)["message"] for line in out.splitlines() if json.loads(line).get("event") == "warning"]
+    assert any("is no longer running (killed?): its row is retired" in w for w in warnings), warnings
+    assert rows(tmp_path / DB, "select count(*) from kf_workers") == [(0,)]
+    assert rows(tmp_path / DB, "select count(*) from trials where state = 'RUNNING'") == [(0,)]
+    observed = rows(tmp_path / DB, """
+        select group_concat(p.param_name || '=' || p.param_value) from trials t
+        join trial_params p on p.trial_id = t.trial_id
+        join trial_user_attributes a on a.trial_id = t.trial_id and a.key = 'kernelforge'
+        where t.state = 'COMPLETE' and a.value_json in ('"ok"', '"failed"') group by t.trial_id""")
+    assert len(observed) == len(set(observed))  # each evaluated point told once
+    (evaluated,), = rows(tmp_path / DB, "select count(distinct candidate_id) from kf_results")
+    assert len(observed) == evaluated

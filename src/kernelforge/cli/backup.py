@@ -23,7 +23,6 @@ def backup(ctx: click.Context, job_file: str, destination: str | None, storage: 
     The copy is a complete SQLite database (results, candidates, Optuna's studies): to restore it,
     put it at the job's database path, or pass --storage sqlite:///DEST.
     """
-    from kernelforge.store.backup import backup_sqlite
     from kernelforge.store.store import Store
 
     job, _catalog = load_job(ctx, job_file, storage)
@@ -33,7 +32,7 @@ def backup(ctx: click.Context, job_file: str, destination: str | None, storage: 
             path = store.witness.path
             stamp = time.strftime("%Y%m%d-%H%M%S")
             destination = str(path.with_name(f"{path.stem}-backup-{stamp}{path.suffix}")) if path else "backup.db"
-        target = backup_sqlite(store, destination)
+        target = store.backup(destination)
         counts = store.counts()
     finally:
         store.witness.close()

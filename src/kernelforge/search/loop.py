@@ -151,6 +151,7 @@ class Search:
         try:
             run = self.prepare()
             shares = Shares(run.ledger, alone=not run.ledger.live_workers())
+            shares.warn = lambda message: self.progress.event("warning", message=message)
             shares.settle(lambda claim: all(
                 self.store.find_result(claim.candidate_id, name, run.dtype_name, run.env_key) is not None
                 for name in claim.shapes.split(",")))
@@ -187,7 +188,7 @@ class Search:
             # Each step runs whatever the others did; after a first error (a full disk, say) a
             # step's own failure is dropped, never put in its place. Claims left open count as
             # dead once this process is gone, to be taken over.
-            clean_up(first, [lambda: shares and (shares.withdraw_all(studies), shares.ledger.leave()),
+            clean_up(first, [lambda: shares and shares.withdraw_all(studies), lambda: shares and shares.ledger.leave(),
                              lambda: self.lock and self.lock.release(), self.close])
         return outcome
 

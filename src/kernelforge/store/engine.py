@@ -75,6 +75,6 @@ def _write_failure(url: str, context: Any) -> None:
     original = getattr(context, "original_exception", None)
     if original is None:
         return
-    error = storage_error(original, url)
+    error = storage_error(original, url, from_driver=True)
     if error is not None:
         raise error from None

@@ -82,14 +82,15 @@ def classify(exc: BaseException) -> tuple[str, str] | None:
     return None
 
 
-def storage_error(exc: BaseException, url: str | None = None) -> StorageError | None:
+def storage_error(exc: BaseException, url: str | None = None, *, from_driver: bool = False) -> StorageError | None:
     """``exc`` as one StorageError naming the database (``url``, else the last opened) and the fix;
-    ``exc`` itself when it is one already; None when it is no storage failure."""
+    ``exc`` itself when it is one already; None when it is no storage failure. ``from_driver``: the
+    database driver raised ``exc`` (SQLAlchemy's error hook says so), whatever its class."""
     if isinstance(exc, StorageError):
         return exc
     if not isinstance(exc, Exception) or isinstance(exc, (KeyboardInterrupt, SystemExit)):
         return None
-    if not _is_database_error(exc):
+    if not from_driver and not _is_database_error(exc):
         return None
     found = classify(exc)
     if found is None:

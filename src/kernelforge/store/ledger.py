@@ -137,6 +137,23 @@ class Ledger:
     def _me(self):
         return (workers_table.c.job == self.job) & (workers_table.c.worker == self.worker)
 
+    def retire_dead(self) -> list[tuple[str, int]]:
+        """Remove the rows of this job's workers that are no longer alive (killed: they never
+        left); returns (worker, its open claims) for each. Their claims stay, to be taken over
+        (a claim whose worker has no row is a dead worker's)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(workers_table).where(workers_table.c.job == self.job)).mappings().all()
+        dead = [r["worker"] for r in rows if not self._alive_row(r)]
+        retired = []
+        for worker in dead:
+            with self.engine.begin() as conn:
+                gone = conn.execute(workers_table.delete().where(
+                    (workers_table.c.job == self.job) & (workers_table.c.worker == worker)
+                    & (workers_table.c.heartbeat == next(r["heartbeat"] for r in rows if r["worker"] == worker))))
+            if gone.rowcount == 1:  # not beaten to it by another worker, nor revived
+                retired.append((worker, len(self.claims(worker=worker, state="claimed"))))
+        return retired
+
     def live_workers(self) -> list[str]:
         """The identities of the workers of this job that are alive now (this one included)."""
         with self.engine.connect() as conn:

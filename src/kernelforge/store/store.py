@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from pathlib import Path
 from typing import Any, Iterable
 
 import sqlalchemy as sa
@@ -104,10 +105,12 @@ class Store:
             self.witness.close()
             self.engine.dispose()
 
-    def backup(self, destination: str) -> None:
+    def backup(self, destination: str | Path) -> Path:
         """A consistent copy of this SQLite database at ``destination`` (SQLite's online backup:
-        safe while a search writes it; the copy holds the write-ahead log's content too)."""
-        backup_sqlite(self, destination)
+        safe while a search writes it; the copy holds the write-ahead log's content too); returns
+        its path (:func:`kernelforge.store.backup.backup_sqlite`)."""
+        self.verify()
+        return backup_sqlite(self.witness.path, destination)
 
     # -- candidates --------------------------------------------------------------------------
 

@@ -117,6 +117,7 @@ class Witness:
             row = None
         finally:
             cursor.close()
+            dbapi_connection.rollback()  # leave the new connection as it came, outside any transaction
         if (row[0] if row else None) != self.token:
             self._fail_server()
 
