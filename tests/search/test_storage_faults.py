@@ -216,7 +216,7 @@ def test_the_db_file_alone_holds_a_finished_search_and_no_wal_stays(tmp_path, mo
     shutil.copy(db, tmp_path / "copy.db")  # the .db alone, as a plain copy of a running job takes it
     stored = rows(db, "select count(*) from kf_results")
     assert stored == [(12,)]  # the baseline and 3 candidates on 3 shapes
-    assert rows(tmp_path / "copy.db", "select count(*) from kf_results") == stored  # confirmed: checkpointed
+    assert rows(tmp_path / "copy.db", "select count(*) from kf_results") == stored  # finished and confirmed: checkpointed
     store.close()
     wal = tmp_path / "kf.db-wal"
     assert not wal.exists() or wal.stat().st_size == 0

@@ -42,6 +42,16 @@ def enable_sqlite_pragmas(engine: Engine) -> None:
         sa.event.listen(engine, "connect", _sqlite_pragmas)
 
 
+def checkpoint(engine: Engine, truncate: bool = False) -> None:
+    """Copy a SQLite file's write-ahead log into the file, so that a copy of the ``.db`` alone holds
+    everything (``truncate``: and empty the ``-wal`` file, as at exit). A no-op on other databases;
+    a passive checkpoint never waits for other connections (it copies what it can)."""
+    if engine.dialect.name != "sqlite" or str(engine.url.database or ":memory:") == ":memory:":
+        return
+    with engine.connect() as conn:
+        conn.exec_driver_sql(f"PRAGMA wal_checkpoint({'TRUNCATE' if truncate else 'PASSIVE'})").fetchall()
+
+
 def _sqlite_pragmas(dbapi_connection, _record) -> None:
     cursor = dbapi_connection.cursor()
     # WAL lets a report read while a search writes; busy_timeout makes a second writer wait

@@ -37,6 +37,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
+from kernelforge.store.engine import checkpoint
 from kernelforge.store.lock import process_alive, process_identity
 from kernelforge.store.schema import budgets_table, claims_table, finished_table, workers_table
 
@@ -315,10 +316,12 @@ class Ledger:
     # -- the end -------------------------------------------------------------------------------
 
     def mark_finished(self) -> None:
-        """The job is searched and confirmed under this environment."""
+        """The job is searched and confirmed under this environment (and its SQLite file holds
+        it all: the write-ahead log is checkpointed)."""
         with self.engine.begin() as conn:
             conn.execute(finished_table.delete().where(self._finished()))
             conn.execute(finished_table.insert(), {"job": self.job, "env_key": self.env_key, "finished": time.time()})
+        checkpoint(self.engine)
 
     def finished(self) -> float | None:
         """When the job was last confirmed under this environment (None: never)."""

@@ -38,7 +38,7 @@ from kernelforge.store import llm_log, llm_stats, lock
 from kernelforge.store.llm_stats import ModelStats
 from kernelforge.errors import UserError
 from kernelforge.store.backup import backup_sqlite
-from kernelforge.store.engine import enable_sqlite_pragmas, make_engine
+from kernelforge.store.engine import checkpoint, enable_sqlite_pragmas, make_engine
 from kernelforge.store.failures import note_url
 from kernelforge.store.ledger import Ledger
 from kernelforge.store.lock import JobLock
@@ -84,13 +84,10 @@ class Store:
         self.witness.check()
 
     def checkpoint(self, truncate: bool = False) -> None:
-        """Copy SQLite's write-ahead log into the database file, so that a copy of the ``.db`` alone
-        holds everything (``truncate``: and empty the ``-wal`` file, as at exit). A no-op elsewhere,
-        and when another connection is reading (a passive checkpoint then does what it can)."""
-        if self.engine.dialect.name != "sqlite" or self.witness.path is None:
-            return
-        with self.engine.connect() as conn:
-            conn.exec_driver_sql(f"PRAGMA wal_checkpoint({'TRUNCATE' if truncate else 'PASSIVE'})").fetchall()
+        """Copy SQLite's write-ahead log into the database file (:func:`kernelforge.store.engine.
+        checkpoint`): every CHECKPOINT_EVERY results, at each confirmation, when the job is marked
+        finished, and at :meth:`close` (``truncate``)."""
+        checkpoint(self.engine, truncate)
         self._unsaved = 0
 
     def close(self) -> None:
