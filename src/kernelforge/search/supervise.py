@@ -105,7 +105,7 @@ class Stop:
 
 
 def exit_status(stop: Stop, failures: list[int]) -> int:
-    """130 after SIGINT, 143 after SIGTERM, else the first failure's status (a worker killed by a
+    """130 after SIGINT, 143 after SIGTERM, 129 after SIGHUP, else the first failure's status (a worker killed by a
     signal counts as 128 + the signal), else 0."""
     if stop.signum is not None:
         return 128 + stop.signum
