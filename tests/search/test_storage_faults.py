@@ -189,6 +189,18 @@ def test_a_damaged_database_is_one_line_and_never_written(tmp_path):
     assert hashlib.sha256(db.read_bytes()).hexdigest() == digest
 
 
+def test_a_database_damaged_while_open_is_one_storage_error(tmp_path):
+    db = tmp_path / "kf.db"
+    store = Store(f"sqlite:///{db}")
+    for i in range(60):
+        store.add_candidate(Candidate("toy/axpy", "toy/axpy/filler", (("i", i),), f"# {i}\n" + "#" * 2000))
+    store.checkpoint(truncate=True)
+    store.engine.dispose()  # no page cached
+    _damage_a_middle_page(db)
+    with pytest.raises(StorageError, match="database disk image is malformed.*the file is damaged"):
+        store.candidates()
+
+
 # -- SIGHUP, the write-ahead log, backups ---------------------------------------------------------
 
 
