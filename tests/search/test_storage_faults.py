@@ -289,3 +289,25 @@ def test_after_kills_and_a_final_run_optuna_and_the_ledger_hold_no_dead_workers_
     assert len(observed) == len(set(observed))  # each evaluated point told once
     (evaluated,), = rows(tmp_path / DB, "select count(distinct candidate_id) from kf_results")
     assert len(observed) == evaluated
+
+
+def test_an_unknown_database_error_after_the_file_was_replaced_names_the_replacement(tmp_path):
+    """Optuna's own engine, opening a new connection after the file was deleted, finds a new empty
+    file and fails with "no such table": reported as what happened to the database."""
+    import sqlalchemy as sa
+
+    from kernelforge.store.failures import storage_error
+
+    db = tmp_path / "kf.db"
+    store = Store(f"sqlite:///{db}")
+    for path in tmp_path.glob("kf.db*"):
+        path.unlink()
+    other = sa.create_engine(f"sqlite:///{db}")  # as Optuna's engine would, on a new connection
+    with pytest.raises(sa.exc.OperationalError) as raised:
+        with other.connect() as conn:
+            conn.exec_driver_sql("select * from studies")
+    other.dispose()
+    error = storage_error(raised.value)
+    assert isinstance(error, StorageError) and "was replaced by another file" in str(error)
+    assert storage_error(ValueError("not a database error")) is None
+    store.witness.close()

@@ -42,12 +42,16 @@ FIXES = {
 }
 
 _last_url: list[str] = []
+_last_witness: list[Callable[[], StorageError | None]] = []
 
 
-def note_url(url: str) -> None:
-    """Remember the database this process opened last: a failure raised without naming its
-    database (Optuna's) is reported against it."""
+def note_url(url: str, witness: Callable[[], StorageError | None] | None = None) -> None:
+    """Remember the database this process opened last, and how to ask whether it is still the one
+    opened (``witness``): a failure raised without naming its database (Optuna's) is reported
+    against it, and a database error of no known kind (Optuna finding no tables in a file that
+    replaced the one it opened) as the witness's failure when it has one."""
     _last_url[:] = [url]
+    _last_witness[:] = [witness] if witness is not None else []
 
 
 def where(url: str) -> str:
@@ -94,7 +98,8 @@ def storage_error(exc: BaseException, url: str | None = None, *, from_driver: bo
         return None
     found = classify(exc)
     if found is None:
-        return None
+        # Asked once at the top (never from the driver's error hook, where IntegrityErrors are routine).
+        return _last_witness[0]() if _last_witness and not from_driver else None
     kind, words = found
     url = url or (_last_url[0] if _last_url else "")
     return failure(kind, url, words)

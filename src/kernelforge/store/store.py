@@ -73,8 +73,8 @@ class Store:
             create_schema(self.engine, url)
         if self.engine.dialect.name != "sqlite":
             stamp_instance(self.engine)
-        note_url(url)
         self.witness = Witness.attach(url, self.engine)
+        note_url(url, self.witness.failure)
         self._unsaved = 0  # results stored since the last WAL checkpoint
 
     def verify(self) -> None:

@@ -108,6 +108,14 @@ class Witness:
             if token != self.token:
                 self._fail_server()
 
+    def failure(self) -> StorageError | None:
+        """The StorageError :meth:`check` would raise now, or None."""
+        try:
+            self.check()
+        except StorageError as exc:
+            return exc
+        return None
+
     def _check_connection(self, dbapi_connection, _record) -> None:
         cursor = dbapi_connection.cursor()
         try:
