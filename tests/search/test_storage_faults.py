@@ -239,6 +239,8 @@ def test_backup_copies_a_job_database_consistently(tmp_path):
     first = _search(tmp_path, job, "--in-process", "--no-report")
     assert first.wait(timeout=300) == 0
     first.stdout.close(), first.stderr.close()
+    wal = tmp_path / f"{DB}-wal"
+    assert not wal.exists() or wal.stat().st_size == 0  # checkpointed and truncated at exit
     holder = sqlite3.connect(tmp_path / DB)  # a reader that keeps the -wal alive, as a running search
     holder.execute("BEGIN")
     holder.execute("select count(*) from kf_results").fetchall()
