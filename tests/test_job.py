@@ -72,6 +72,11 @@ def test_shipped_jobs_parse():
         (("[job]", "[jobs]"), "unknown field 'jobs'"),
         (('id = "toy/axpy"', 'ID = "toy/axpy"'), "unknown field 'ID'"),
         (("evaluations = 3", "evaluations = 3\nmax_minutes = -1"), "max_minutes: must be positive"),
+        # Issue 33: every number finite, every name known, as the command line checks the same value.
+        (("evaluations = 3", "evaluations = 3\nmax_minutes = nan"), "max_minutes: expected a number of minutes, got nan"),
+        (("evaluations = 3", "evaluations = 3\nmax_minutes = inf"), "not a finite number"),
+        (("evaluations = 3", "evaluations = true"), "[strategy] evaluations: expected a positive integer"),
+        (('dtype = "float16"', 'dtype = "float16"\ntarget = "sm_999"'), "[job] target: unknown compile target 'sm_999'"),
         (("[[blocks]]", "[blocks]"), "expected an array of tables"),
     ],
 )
@@ -218,3 +223,19 @@ def test_a_replay_into_another_database_reports_next_to_it_never_over_the_origin
     same = replace(replay, storage=f"sqlite:///{original}")
     assert same.report_dir == Path("reports/t1")  # replaying a database into itself
     assert replace(job, storage=f"sqlite:///{other}").report_dir == Path("reports/t1")  # not a replay: unchanged
+
+
+def test_a_job_field_and_its_command_line_option_are_checked_alike(tmp_path):
+    """One check per value (kernelforge.fields): a target the job refuses, `compile --target`
+    refuses with the same words."""
+    from click.testing import CliRunner
+
+    from kernelforge.cli.main import main
+
+    path = write(tmp_path, GOOD.replace('dtype = "float16"', 'dtype = "float16"\ntarget = "sm_999"'))
+    with pytest.raises(UserError) as job_error:
+        load_job(path, Catalog.discover(FIXTURES))
+    result = CliRunner().invoke(main, ["--kernels", str(FIXTURES), "compile", "toy/axpy/baseline", "--target", "sm_999"])
+    assert result.exit_code == 2
+    words = str(job_error.value).partition("target: ")[2]
+    assert words and words in " ".join(result.output.split())

@@ -10,10 +10,18 @@ class UserError(Exception):
     """
 
 
+class StorageError(UserError):
+    """The results database (or a report) cannot be written or read as it must be (full disk,
+    read-only file or folder, damaged file, lost server, a file deleted or replaced under a running
+    search): one line naming the file and the fix; the CLI exits with status 1
+    (:mod:`kernelforge.store.failures`)."""
+
+
 class TemplateError(UserError):
     """A template that cannot be parsed, validated or rendered."""
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM arrived (:mod:`kernelforge.cli.signals`): stop as for Ctrl-C (every handler of
-    KeyboardInterrupt applies), and exit with 143 instead of 130."""
+    """SIGTERM or SIGHUP arrived (:mod:`kernelforge.cli.signals`; its number is ``args[0]``): stop
+    as for Ctrl-C (every handler of KeyboardInterrupt applies), and exit with 128 + that number
+    (143, 129) instead of 130."""

@@ -44,7 +44,8 @@ from typing import Any, Sequence
 from kernelforge.block import DTYPES, Shape
 from kernelforge.errors import UserError
 from kernelforge.llm_spec import LLMSpec, parse_llm
-from kernelforge.llm_spec import typed as _typed
+from kernelforge.fields import compile_target, count, dtype_name, positive_number
+from kernelforge.fields import typed as _typed
 from kernelforge.llm_spec import unknown_fields as _unknown
 from kernelforge.objective import Objective
 from kernelforge.redact import register_url
@@ -179,9 +180,7 @@ def parse_job(raw: dict[str, Any], path: Path, catalog=None) -> Job:
     device = _typed(f"{path} [job] device", job.get("device", "interpret"), str, '"cuda", "interpret" or "replay:PATH"')
     if not (device in ("cuda", "interpret") or device.startswith("cuda:") or device.startswith("replay:")):
         raise UserError(f"{path} [job] device: {device!r} is not cuda, interpret or replay:PATH")
-    dtype = _typed(f"{path} [job] dtype", job.get("dtype", "bfloat16"), str, '"bfloat16"')
-    if dtype not in DTYPES:
-        raise UserError(f"{path} [job] dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
+    dtype = dtype_name(f"{path} [job] dtype", job.get("dtype", "bfloat16"))
     tune = _typed(f"{path} [job] tune", job.get("tune", "all-shapes"), str, '"all-shapes"')
     if tune not in TUNE_MODES:
         raise UserError(f"{path} [job] tune: {tune!r} is not one of {', '.join(TUNE_MODES)}")
@@ -189,7 +188,7 @@ def parse_job(raw: dict[str, Any], path: Path, catalog=None) -> Job:
     seed = _typed(f"{path} [job] seed", job.get("seed", 0), int, "an integer")
     target = job.get("target")
     if target is not None:
-        _typed(f"{path} [job] target", target, str, '"sm_90"')
+        compile_target(f"{path} [job] target", target)  # as `kernelforge compile --target` checks it
     storage = _typed(f"{path} [job] storage", job.get("storage", ""), str, 'a SQLAlchemy URL such as "sqlite:///x.db"')
     register_url(storage)  # its password is masked in everything written from now on
 
@@ -199,14 +198,10 @@ def parse_job(raw: dict[str, Any], path: Path, catalog=None) -> Job:
         hint = f" (did you mean {close[0]}?)" if close else ""
         raise UserError(f"{path} [strategy] name: {strategy_name!r} is not one of {', '.join(STRATEGY_NAMES)}{hint}")
     strategy_name = _objective_strategy(objective, strategy_name, "name" in strategy, path)
-    evaluations = _typed(f"{path} [strategy] evaluations", strategy.get("evaluations", 16), int, "a positive integer")
-    if evaluations < 1:
-        raise UserError(f"{path} [strategy] evaluations: must be at least 1, got {evaluations}")
+    evaluations = count(f"{path} [strategy] evaluations", strategy.get("evaluations", 16))
     max_minutes = strategy.get("max_minutes")
     if max_minutes is not None:
-        _typed(f"{path} [strategy] max_minutes", max_minutes, (int, float), "a number of minutes")
-        if max_minutes <= 0:
-            raise UserError(f"{path} [strategy] max_minutes: must be positive, got {max_minutes}")
+        max_minutes = positive_number(f"{path} [strategy] max_minutes", max_minutes, "a number of minutes")
     warm_start = warm_sources(strategy.get("warm_start", []), f"{path} [strategy] warm_start")
 
     raw_blocks = raw.get("blocks")

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from kernelforge.fields import typed  # re-exported: the one check of a value's type
 from kernelforge.errors import UserError
 from kernelforge.redact import redact_url, register, register_url
 
@@ -149,15 +150,6 @@ def unknown_fields(where: str, table: dict[str, Any], allowed: set[str]) -> None
             close = difflib.get_close_matches(key, sorted(allowed), n=1)
             hint = f"did you mean {close[0]}?" if close else f"allowed: {', '.join(sorted(allowed))}"
             raise UserError(f"{where}: unknown field {key!r} ({hint})")
-
-
-def typed(where: str, value: Any, kind: type | tuple[type, ...], example: str) -> Any:
-    """``value`` when it is a ``kind`` (a bool is not a number), else a UserError citing ``example``."""
-    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-        raise UserError(f"{where}: expected {example}, got {value!r}")
-    if not isinstance(value, kind):
-        raise UserError(f"{where}: expected {example}, got {value!r}")
-    return value
 
 
 def check_base_url(url: str, where: str) -> None:

@@ -41,7 +41,7 @@ def test_render_applies_overrides():
         (("render", "toy/axpy/nope"), "unknown template"),
         (("check", "toy/axpi", "--device", "interpret"), "did you mean toy/axpy"),
         (("check", "toy/axpy", "--device", "interpret", "--shapes", "huge"), "no shape set or shape named 'huge'"),
-        (("check", "toy/axpy", "--device", "interpret", "--dtype", "float64"), "--dtype 'float64'"),
+        (("check", "toy/axpy", "--device", "interpret", "--dtype", "float64"), "--dtype: 'float64'"),
         (("check", "toy/axpy", "--device", "tpu"), "unknown device 'tpu'"),
         (("new", "toy/axpy/baseline"), "already exists"),
         (("new", "toy/axpy/bad-name"), "must be a Python identifier"),

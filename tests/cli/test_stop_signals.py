@@ -1,6 +1,6 @@
-"""Ctrl-C and SIGTERM while the command line is still starting (Python importing torch and triton,
-seconds on a loaded host): one line and exit status 130 or 143, never a traceback or Click's
-"Aborted!" with status 1."""
+"""Ctrl-C, SIGTERM and SIGHUP while the command line is still starting (Python importing torch and
+triton, seconds on a loaded host): one line and exit status 130, 143 or 129, never a traceback or
+Click's "Aborted!" with status 1."""
 
 from __future__ import annotations
 
@@ -18,10 +18,11 @@ REPO = Path(__file__).resolve().parents[2]
 def _as_from_a_terminal() -> None:
     # A shell's background job, or the test runner, may ignore SIGINT; a terminal's Ctrl-C is not.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 
 
-@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
+@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)],
+                         ids=["ctrl-c", "sigterm", "sighup"])
 def test_a_stop_signal_during_start_up(tmp_path, signum, status):
     proc = subprocess.Popen([sys.executable, "-m", "kernelforge", "search", "demo", "--dry-run",
                              "--storage", f"sqlite:///{tmp_path / 'dry.db'}"], cwd=REPO,

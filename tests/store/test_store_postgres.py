@@ -209,3 +209,35 @@ def test_the_job_lock_on_postgresql_refuses_a_second_process_and_takes_over_a_de
     assert taken.taken_over == f"process {left.pid} on {left.host}"
     taken.release()
     store.close()
+
+
+def test_another_database_at_the_url_stops_the_store_without_writing_there(pg_url, postgres_url):
+    """Issue 33: the database at the URL replaced under a running store (recreated empty, as by a
+    server restored from nothing): one StorageError per write, never a write into the new one."""
+    import sqlalchemy as sa
+
+    import services
+    from kernelforge.errors import StorageError
+
+    store = Store(pg_url)
+    store.add_candidate(baseline())
+    name = make_url(pg_url).database
+    admin = services._admin_engine(postgres_url)
+    try:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE "{name}" WITH (FORCE)')
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    finally:
+        admin.dispose()
+    with pytest.raises(StorageError):  # the dropped connection: the server closed it
+        store.add_candidate(child(baseline()))
+    with pytest.raises(StorageError, match="is no longer the one this search opened"):
+        store.add_candidate(child(baseline()))
+    with pytest.raises(StorageError, match="is no longer the one this search opened"):
+        store.verify()
+    store.engine.dispose()
+    probe = sa.create_engine(pg_url)
+    try:
+        assert sa.inspect(probe).get_table_names() == []  # nothing written into the new database
+    finally:
+        probe.dispose()

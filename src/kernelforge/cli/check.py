@@ -179,9 +179,13 @@ def compile_(ctx: click.Context, template_id: str, params: tuple[str, ...], targ
     from kernelforge.compile.pool import compile_candidate
     from kernelforge.candidate import Candidate
 
+    from kernelforge.fields import compile_target
+
     catalog = catalog_of(ctx)
     template = catalog.resolve(template_id)
     dtype_of(dtype_name)
+    if target is not None:
+        compile_target("--target", target)  # the check a job's [job] target gets
     candidate = Candidate.from_template(template, {**template.baseline, **parse_params(params)})
     report = compile_candidate(candidate.source, template.block_id, catalog.root, dtype_name, target)
     table = Table(title=f"{candidate.describe()} -> {report.target}", title_justify="left")

@@ -43,10 +43,9 @@ def parse_params(pairs: tuple[str, ...]) -> dict[str, Any]:
 def dtype_of(name: str):
     """The torch dtype named ``name`` (one of kernelforge.block.DTYPES)."""
     from kernelforge.block import DTYPES
+    from kernelforge.fields import dtype_name
 
-    if name not in DTYPES:
-        raise UserError(f"--dtype {name!r} is not one of {', '.join(DTYPES)}")
-    return DTYPES[name]
+    return DTYPES[dtype_name("--dtype", name)]  # the check a job's [job] dtype gets
 
 
 def load_job(ctx: click.Context, job_file: str, storage: str | None):

@@ -14,7 +14,7 @@ import sys
 
 from kernelforge.cli.signals import install_stop_signals, stop_status
 
-STOPS = {signal.SIGINT, signal.SIGTERM}
+STOPS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
 
 def main() -> None:

@@ -1,7 +1,9 @@
 """The ``kernelforge`` command line.
 
 User mistakes (unknown names, bad parameters, malformed files) print one line naming the thing and
-the fix, and exit with status 2; a check that finds a failing shape exits with status 1.
+the fix, and exit with status 2; a check that finds a failing shape exits with status 1, and so does
+a results database that cannot be written or read (one line naming it and the fix:
+:mod:`kernelforge.store.failures`).
 
 No secret is printed: the group registers the values of environment variables with secret names
 (:func:`kernelforge.redact.register_environment`; the job's key variable and storage password are
@@ -18,6 +20,7 @@ from typing import Any
 import click
 from rich.markup import escape
 
+from kernelforge.cli.backup import backup
 from kernelforge.cli.check import check, compile_
 from kernelforge.cli.common import err_console
 from kernelforge.cli.inspect import blocks, new, render, shipped, templates
@@ -25,9 +28,10 @@ from kernelforge.cli.dashboard import dashboard
 from kernelforge.cli.device import ceilings, crosscheck
 from kernelforge.cli.report import export, report
 from kernelforge.cli.search import search, strategy_bench
-from kernelforge.cli.signals import install_stop_signals, stop_status
+from kernelforge.cli.signals import install_stop_signals, restore_stop_signals, stop_status
 from kernelforge.cli.show import show
-from kernelforge.errors import UserError
+from kernelforge.errors import StorageError, UserError
+from kernelforge.store.failures import storage_error
 from kernelforge.redact import redact, redact_standard_streams, register_environment
 
 
@@ -42,7 +46,7 @@ class OneLineErrors(click.Group):
         try:
             return self._main(args, prog_name, complete_var, standalone_mode, **extra)
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            restore_stop_signals(previous)
 
     def _main(self, args: Any, prog_name: str | None, complete_var: str | None, standalone_mode: bool,
               **extra: Any) -> Any:
@@ -69,13 +73,28 @@ class OneLineErrors(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except StorageError as exc:
+            _one_line(exc)
+            ctx.exit(1)
         except UserError as exc:
-            # Escaped: messages name TOML tables such as [llm], which rich would take for markup.
-            err_console.print(f"[bold red]kernelforge:[/] {escape(redact(str(exc)))}")
+            _one_line(exc)
             ctx.exit(2)
         except KeyboardInterrupt as exc:
             err_console.print("kernelforge: interrupted; everything measured is stored, rerun to continue")
             ctx.exit(stop_status(exc))
+        except Exception as exc:
+            # A database failure raised past the store's own hook (by Optuna's storage, say) is
+            # still one line and status 1 (kernelforge.store.failures); anything else is a bug.
+            failure = storage_error(exc)
+            if failure is None:
+                raise
+            _one_line(failure)
+            ctx.exit(1)
+
+
+def _one_line(exc: UserError) -> None:
+    # Escaped: messages name TOML tables such as [llm], which rich would take for markup.
+    err_console.print(f"[bold red]kernelforge:[/] {escape(redact(str(exc)))}")
 
 
 @click.group(cls=OneLineErrors)
@@ -91,5 +110,5 @@ def main(ctx: click.Context, kernels: str | None) -> None:
 
 
 for command in (blocks, templates, render, new, show, check, compile_, search, strategy_bench, report, export,
-                dashboard, ceilings, crosscheck, shipped):
+                dashboard, ceilings, crosscheck, shipped, backup):
     main.add_command(command)

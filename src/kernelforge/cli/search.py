@@ -9,7 +9,7 @@ import click
 
 from kernelforge.cli.common import load_job
 from kernelforge.cli.dry_run import print_plan
-from kernelforge.cli.signals import EXIT_INTERRUPTED, EXIT_TERMINATED, install_stop_signals
+from kernelforge.cli.signals import install_stop_signals, stopped_status
 from kernelforge.cli.summary import print_summary
 from kernelforge.errors import UserError
 from kernelforge.strategies.names import STRATEGY_NAMES
@@ -98,10 +98,12 @@ def search(ctx: click.Context, job_file: str, storage: str | None, device_name: 
                              compile_enabled=not no_compile, in_process=in_process, pool=pool, reconfirm=reconfirm)
     finally:
         progress.close()
+    store.verify()  # the summary names where the results are only once they are known to be there
     path = write_report(job, catalog, store) if report else None
     print_summary(job, catalog, store, outcome, path)
+    store.close()  # the WAL checkpointed into the .db file: no big -wal stays behind
     if outcome.stopped:
-        ctx.exit(EXIT_TERMINATED if outcome.reason == "terminated" else EXIT_INTERRUPTED)
+        ctx.exit(stopped_status(outcome.reason))
 
 
 def with_llm(job, mode: str | None, model: str | None, key_env: str | None):

@@ -30,11 +30,11 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from sqlalchemy.exc import OperationalError
 
 from kernelforge.block import Shape
 from kernelforge.catalog import Catalog
 from kernelforge.errors import UserError
+from kernelforge.store.failures import storage_error
 from kernelforge.job import BlockSpec, Job
 from kernelforge.objective import baseline_results, by_candidate, geomean_speedup, time_ratio
 from kernelforge.redact import redact_url
@@ -103,6 +103,9 @@ def mirror_studies(job: Job, catalog: Catalog, store: Store) -> list[MirroredStu
     try:
         storage = optuna.storages.RDBStorage(store.url)
     except Exception as exc:  # noqa: BLE001 - a locked or unreachable database: the user's to fix
+        failure = storage_error(exc, store.url)
+        if failure is not None:
+            raise failure from None
         raise UserError(f"cannot open the job's storage {redact_url(store.url)} with Optuna ({exc}); "
                         "check the URL and that the database is reachable") from None
     mirrored = []
@@ -110,9 +113,11 @@ def mirror_studies(job: Job, catalog: Catalog, store: Store) -> list[MirroredStu
         existing = {s.study_name: s for s in storage.get_all_studies()}
         for spec in job.blocks:
             mirrored.extend(_mirror_block(optuna, storage, existing, job, catalog, store, spec))
-    except OperationalError as exc:  # a locked database (a search writing it), a full disk...
-        raise UserError(f"cannot write the Optuna studies into {redact_url(store.url)} "
-                        f"({exc.orig}); rerun when the database is free") from None
+    except Exception as exc:  # noqa: BLE001 - a locked database, a full disk, a read-only file...
+        failure = storage_error(exc, store.url)  # one line naming the database and the fix
+        if failure is None:
+            raise
+        raise failure from None
     finally:
         storage.remove_session()
     return mirrored

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kernelforge.catalog import Catalog
-from kernelforge.errors import UserError
+from kernelforge.errors import StorageError, UserError
 from kernelforge.job import Job
 from kernelforge.redact import redact
 from kernelforge.report.collect import collect
@@ -24,7 +24,7 @@ from kernelforge.store.store import Store
 
 def write_report(job: Job, catalog: Catalog, store: Store, folder: Path | None = None) -> Path:
     """Write REPORT.md, results.json and index.html into ``folder`` (default reports/<job>/);
-    returns the path of REPORT.md. Raises UserError when the folder cannot be written."""
+    returns the path of REPORT.md. Raises StorageError when the folder cannot be written."""
     folder = folder or job.report_dir
     report = collect(job, catalog, store)
     try:
@@ -34,7 +34,8 @@ def write_report(job: Job, catalog: Catalog, store: Store, folder: Path | None =
         write_text(path, to_markdown(report))
         write_text(folder / "index.html", render_html(report))
     except OSError as exc:
-        raise UserError(f"cannot write the report into {folder} ({exc.strerror}); check that the folder is writable") from None
+        raise StorageError(f"cannot write the report into {folder} ({exc.strerror}); check that the folder is "
+                           "writable (or has room), then rerun `kernelforge report`: the results are stored") from None
     return path
 
 
@@ -46,7 +47,7 @@ def write_compare(a: Report, b: Report, folder: Path = Path("reports")) -> tuple
         folder.mkdir(parents=True, exist_ok=True)
         write_text(path, render_compare(cmp))
     except OSError as exc:
-        raise UserError(f"cannot write {path} ({exc.strerror}); check that the folder is writable") from None
+        raise StorageError(f"cannot write {path} ({exc.strerror}); check that the folder is writable (or has room)") from None
     return redact(compare_markdown(cmp)), path
 
 

@@ -24,7 +24,7 @@ import time
 
 from kernelforge.catalog import Catalog
 from kernelforge.execute.executor import make_executor
-from kernelforge.errors import Terminated, UserError
+from kernelforge.errors import Terminated
 from kernelforge.execute.sandbox import sandbox_warning
 from kernelforge.job import Job
 from kernelforge.result import env_key
@@ -42,6 +42,7 @@ from kernelforge.search.reserve import Reserve
 from kernelforge.search.shared import Shares
 from kernelforge.search.energy import objective_in_effect
 from kernelforge.search.study import Study, make_strategy_for
+from kernelforge.store.failures import clean_up
 from kernelforge.store.lock import JobLock
 from kernelforge.store.store import Store
 
@@ -146,11 +147,13 @@ class Search:
         the store: :mod:`kernelforge.search.shared`). The first to start is the lead (it holds the
         job lock): it runs the proposer, and the worker that ends holding the lock confirms."""
         outcome = SearchOutcome()
+        first: BaseException | None = None
         shares: Shares | None = None
         studies: list[Study] = []
         try:
             run = self.prepare()
             shares = Shares(run.ledger, alone=not run.ledger.live_workers())
+            shares.warn = lambda message: self.progress.event("warning", message=message)
             shares.settle(lambda claim: all(
                 self.store.find_result(claim.candidate_id, name, run.dtype_name, run.env_key) is not None
                 for name in claim.shapes.split(",")))
@@ -178,17 +181,15 @@ class Search:
             outcome.stopped, outcome.reason = True, "terminated" if isinstance(exc, Terminated) else "interrupted"
             self.progress.event("stopped", message=f"{outcome.reason}: everything measured is stored, open claims "
                                                    "were released; rerun the same command to continue")
+        except BaseException as exc:
+            first = exc
+            raise
         finally:
-            if shares is not None:
-                try:
-                    shares.withdraw_all(studies)
-                    shares.ledger.leave()
-                except UserError:
-                    pass  # the store cannot be written (the error already raised says so): our open claims
-                    # stay, and count as dead once this process is gone, to be taken over
-            if self.lock is not None:
-                self.lock.release()
-            self.close()
+            # Each step runs whatever the others did; after a first error (a full disk, say) a
+            # step's own failure is dropped, never put in its place. Claims left open count as
+            # dead once this process is gone, to be taken over.
+            clean_up(first, [lambda: shares and shares.withdraw_all(studies), lambda: shares and shares.ledger.leave(),
+                             lambda: self.lock and self.lock.release(), self.close])
         return outcome
 
     def _take_lead(self) -> None:

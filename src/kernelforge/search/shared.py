@@ -47,6 +47,9 @@ class Shares:
     def __init__(self, ledger: Ledger, alone: bool):
         self.ledger = ledger
         self.alone = alone
+        #: Where the warnings go (the search sets its progress's): dead workers retired, the
+        #: trials they left running closed.
+        self.warn: Callable[[str], None] = lambda message: None
         self.waiting: list[Waiting] = []
         self._budgets: dict[str, int] = {}  # study name -> its budget in the ledger, as last seen
         self._next_adopt = 0.0
@@ -54,8 +57,15 @@ class Shares:
     # -- budgets -------------------------------------------------------------------------------
 
     def open(self, study: Study) -> None:
-        """Put ``study``'s budget in the ledger (or take the ledger's) and its spent count."""
+        """Put ``study``'s budget in the ledger (or take the ledger's) and its spent count. A worker
+        alone on the job (no other alive, then or now) closes the trials that dead workers left
+        running in the study's shared Optuna study, with a warning: nobody will tell them."""
         self._take(study, self.ledger.open_budget(study.name, study.budget, study.spent, self.alone))
+        if self.alone and set(self.ledger.live_workers()) <= {self.ledger.worker}:
+            closed = study.strategy.retire_orphans()
+            if closed:
+                self.warn(f"study {study.name}: closed {closed} trial(s) left running by killed workers of this job "
+                          "(their evaluations are stored, or are asked again)")
 
     def _take(self, study: Study, budget: Budget) -> None:
         study.budget = budget.budget
@@ -134,9 +144,13 @@ class Shares:
         return taken
 
     def settle(self, stored: Callable[[Claim], bool]) -> None:
-        """Close the dead workers' claims whose results are all stored (``stored``): killed between
-        storing and closing them. Before the budgets are opened: such a claim is not to be counted
-        twice, as stored results and as an open claim."""
+        """Retire the dead workers' rows, with a warning naming each and its open claims (taken over
+        as the search goes), and close their claims whose results are all stored (``stored``):
+        killed between storing and closing them. Before the budgets are opened: such a claim is
+        not to be counted twice, as stored results and as an open claim."""
+        for worker, claims in self.ledger.retire_dead():
+            self.warn(f"worker {worker} of this job is no longer running (killed?): its row is retired"
+                      + (f" and its {claims} open claim(s) are taken over" if claims else ""))
         for claim in self.ledger.open_claims()[1]:
             if stored(claim):
                 self.ledger.settle(claim)

@@ -1,8 +1,9 @@
 """The SQLAlchemy engine of a results database: its SQLite file and folder, the SQLite settings,
 and write failures turned into one clear UserError.
 
-A database that cannot be written (full disk, read-only file or folder, a lock held past the busy
-timeout) is one UserError naming the file; each write is its own transaction, so what was stored
+A database that cannot be written (full disk, read-only file or folder, a damaged file, a lost
+server, a lock held past the busy timeout) is one StorageError naming the file
+(:mod:`kernelforge.store.failures`); each write is its own transaction, so what was stored
 before stays.
 """
 
@@ -16,11 +17,7 @@ from sqlalchemy.engine import Engine
 
 from kernelforge.errors import UserError
 from kernelforge.redact import redact, redact_url
-
-#: SQLite error texts that mean "nothing can be written here", turned into one clear UserError.
-WRITE_FAILURES = ("database or disk is full", "readonly database", "read-only", "disk i/o error",
-                  "unable to open database file", "no space left")
-
+from kernelforge.store.failures import storage_error
 
 def make_engine(url: str, create: bool) -> Engine:
     """An engine for ``url`` (a SQLite file's folder is created when ``create``); raises UserError
@@ -43,6 +40,16 @@ def enable_sqlite_pragmas(engine: Engine) -> None:
     if engine.dialect.name == "sqlite":
         engine.dispose()
         sa.event.listen(engine, "connect", _sqlite_pragmas)
+
+
+def checkpoint(engine: Engine, truncate: bool = False) -> None:
+    """Copy a SQLite file's write-ahead log into the file, so that a copy of the ``.db`` alone holds
+    everything (``truncate``: and empty the ``-wal`` file, as at exit). A no-op on other databases;
+    a passive checkpoint never waits for other connections (it copies what it can)."""
+    if engine.dialect.name != "sqlite" or str(engine.url.database or ":memory:") == ":memory:":
+        return
+    with engine.connect() as conn:
+        conn.exec_driver_sql(f"PRAGMA wal_checkpoint({'TRUNCATE' if truncate else 'PASSIVE'})").fetchall()
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:
@@ -71,23 +78,13 @@ def _prepare_sqlite_path(url: str, create: bool) -> None:
 
 
 def _write_failure(url: str, context: Any) -> None:
-    """SQLAlchemy ``handle_error`` hook: a full disk or a read-only file or folder becomes one
-    UserError naming the database (each write is its own transaction, so everything stored
+    """SQLAlchemy ``handle_error`` hook: a full disk, a read-only file or folder, a damaged file, a
+    lost server or a lock held too long becomes one StorageError naming the database
+    (:mod:`kernelforge.store.failures`; each write is its own transaction, so everything stored
     before it stays stored)."""
-    text = str(getattr(context, "original_exception", "") or "").lower()
-    locked = "database is locked" in text
-    if not locked and not any(marker in text for marker in WRITE_FAILURES):
+    original = getattr(context, "original_exception", None)
+    if original is None:
         return
-    where = redact_url(url)  # a database error names the database, never its password
-    if url.startswith("sqlite:///"):
-        path = Path(url[len("sqlite:///"):])
-        where = f"{path} (folder {path.parent.resolve()})"
-    if locked:
-        raise UserError(
-            f"the results database {where} stayed locked by another process for 30 s; wait for it (another "
-            "job's search or report writing to the same file) and rerun: everything stored so far is kept"
-        ) from None
-    raise UserError(
-        f"cannot write the results database {where}: {redact(str(context.original_exception))}; free disk space or make "
-        "the file and its folder writable, then rerun: everything stored so far is kept"
-    ) from None
+    error = storage_error(original, url, from_driver=True)
+    if error is not None:
+        raise error from None

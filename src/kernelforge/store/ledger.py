@@ -37,6 +37,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
+from kernelforge.store.engine import checkpoint
 from kernelforge.store.lock import process_alive, process_identity
 from kernelforge.store.schema import budgets_table, claims_table, finished_table, workers_table
 
@@ -136,6 +137,23 @@ class Ledger:
 
     def _me(self):
         return (workers_table.c.job == self.job) & (workers_table.c.worker == self.worker)
+
+    def retire_dead(self) -> list[tuple[str, int]]:
+        """Remove the rows of this job's workers that are no longer alive (killed: they never
+        left); returns (worker, its open claims) for each. Their claims stay, to be taken over
+        (a claim whose worker has no row is a dead worker's)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(workers_table).where(workers_table.c.job == self.job)).mappings().all()
+        dead = [r["worker"] for r in rows if not self._alive_row(r)]
+        retired = []
+        for worker in dead:
+            with self.engine.begin() as conn:
+                gone = conn.execute(workers_table.delete().where(
+                    (workers_table.c.job == self.job) & (workers_table.c.worker == worker)
+                    & (workers_table.c.heartbeat == next(r["heartbeat"] for r in rows if r["worker"] == worker))))
+            if gone.rowcount == 1:  # not beaten to it by another worker, nor revived
+                retired.append((worker, len(self.claims(worker=worker, state="claimed"))))
+        return retired
 
     def live_workers(self) -> list[str]:
         """The identities of the workers of this job that are alive now (this one included)."""
@@ -298,10 +316,12 @@ class Ledger:
     # -- the end -------------------------------------------------------------------------------
 
     def mark_finished(self) -> None:
-        """The job is searched and confirmed under this environment."""
+        """The job is searched and confirmed under this environment (and its SQLite file holds
+        it all: the write-ahead log is checkpointed)."""
         with self.engine.begin() as conn:
             conn.execute(finished_table.delete().where(self._finished()))
             conn.execute(finished_table.insert(), {"job": self.job, "env_key": self.env_key, "finished": time.time()})
+        checkpoint(self.engine)
 
     def finished(self) -> float | None:
         """When the job was last confirmed under this environment (None: never)."""

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError, ProgrammingError
 
-from kernelforge.errors import UserError
+from kernelforge.errors import StorageError, UserError
 from kernelforge.redact import redact, redact_url
 
 SCHEMA_VERSION = 1
@@ -249,6 +249,11 @@ def open_schema(engine: Engine, url: str, create: bool) -> bool:
         tables = set(sa.inspect(engine).get_table_names())
     except (DatabaseError, OperationalError) as exc:
         raise UserError(f"storage {redact_url(url)}: not a readable database ({redact(str(exc.orig))}); it was left untouched") from None
+    except StorageError as exc:
+        if getattr(exc, "kind", None) != "damaged":
+            raise
+        raise StorageError(f"storage {redact_url(url)}: not a readable database; it was left untouched ({exc})") from None
+    check_integrity(engine, url)
     ours = {t.name for t in metadata.sorted_tables}
     if tables and "kf_meta" not in tables:
         foreign = sorted(t for t in tables if not (t in ours or t in OPTUNA_TABLES))
@@ -283,6 +288,29 @@ def open_schema(engine: Engine, url: str, create: bool) -> bool:
     if not create:
         raise UserError(f"storage {redact_url(url)} has no kernelforge results")
     return False
+
+
+def check_integrity(engine: Engine, url: str) -> None:
+    """SQLite's ``PRAGMA quick_check`` (every page read once, no index cross-check: milliseconds for
+    a job's database) on opening: a damaged file is one StorageError and is never written."""
+    if engine.dialect.name != "sqlite":
+        return
+    try:
+        with engine.connect() as conn:
+            problems = [row[0] for row in conn.exec_driver_sql("PRAGMA quick_check(3)")]
+    except StorageError as exc:
+        if getattr(exc, "kind", None) != "damaged":
+            raise
+        problems = ["database disk image is malformed"]
+    except (DatabaseError, OperationalError) as exc:
+        problems = [str(exc.orig)]
+    if problems and problems != ["ok"]:
+        path = url[len("sqlite:///"):]
+        raise StorageError(
+            f"the results database {path} is damaged ({redact('; '.join(problems))[:200]}); it was left untouched: "
+            f"restore a backup (kernelforge backup JOB makes one) or recover what it holds with "
+            f"`sqlite3 {path} .recover | sqlite3 NEW.db` and pass --storage sqlite:///NEW.db"
+        )
 
 
 def _meta(engine: Engine) -> dict[str, str]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from pathlib import Path
 from typing import Any, Iterable
 
 import sqlalchemy as sa
@@ -35,14 +36,22 @@ from kernelforge.redact import redact_data, register_url
 from kernelforge.result import StoredResult
 from kernelforge.store import llm_log, llm_stats, lock
 from kernelforge.store.llm_stats import ModelStats
-from kernelforge.store.engine import enable_sqlite_pragmas, make_engine
+from kernelforge.errors import UserError
+from kernelforge.store.backup import backup_sqlite
+from kernelforge.store.engine import checkpoint, enable_sqlite_pragmas, make_engine
+from kernelforge.store.failures import note_url
 from kernelforge.store.ledger import Ledger
 from kernelforge.store.lock import JobLock
 from kernelforge.store.records import (Confirmation, LLMCall, LLMUsage, LockHolder, StoreCounts, StoredCandidate, StoredCompile,
                                        StoredConfirmation, StoredTemplate, candidate_record, compile_record,
                                        confirmation_record, result_record)
+from kernelforge.store.witness import Witness, stamp_instance
 from kernelforge.store.schema import (add_missing_tables, candidates_table, compiles_table, confirmations_table,
                                       create_schema, open_schema, results_table)
+
+#: Results stored between two WAL checkpoints (and one at every confirmation and at close): a copy
+#: of the ``.db`` file alone then lacks at most these.
+CHECKPOINT_EVERY = 20
 
 
 class Store:
@@ -62,9 +71,43 @@ class Store:
             add_missing_tables(self.engine)
         else:
             create_schema(self.engine, url)
+        if self.engine.dialect.name != "sqlite":
+            stamp_instance(self.engine)
+        self.witness = Witness.attach(url, self.engine)
+        note_url(url, self.witness.failure)
+        self._unsaved = 0  # results stored since the last WAL checkpoint
+
+    def verify(self) -> None:
+        """Raise StorageError unless this store still writes the database it opened (the SQLite
+        file at its path, the PostgreSQL database at its URL: :mod:`kernelforge.store.witness`);
+        checked before every transaction, and by the commands before they say where results are."""
+        self.witness.check()
+
+    def checkpoint(self, truncate: bool = False) -> None:
+        """Copy SQLite's write-ahead log into the database file (:func:`kernelforge.store.engine.
+        checkpoint`): every CHECKPOINT_EVERY results, at each confirmation, when the job is marked
+        finished, and at :meth:`close` (``truncate``)."""
+        checkpoint(self.engine, truncate)
+        self._unsaved = 0
 
     def close(self) -> None:
-        self.engine.dispose()
+        """Checkpoint the WAL (no big ``-wal`` stays behind) and release the database. A store that
+        no longer writes its database (or cannot) is released without the checkpoint."""
+        try:
+            if self.witness.failed is None:
+                self.checkpoint(truncate=True)
+        except UserError:
+            pass  # closing never replaces the error that ended the run; what was stored is stored
+        finally:
+            self.witness.close()
+            self.engine.dispose()
+
+    def backup(self, destination: str | Path) -> Path:
+        """A consistent copy of this SQLite database at ``destination`` (SQLite's online backup:
+        safe while a search writes it; the copy holds the write-ahead log's content too); returns
+        its path (:func:`kernelforge.store.backup.backup_sqlite`)."""
+        self.verify()
+        return backup_sqlite(self.witness.path, destination)
 
     # -- candidates --------------------------------------------------------------------------
 
@@ -146,6 +189,9 @@ class Store:
                 conn.execute(results_table.insert(), redact_data(row))
         except IntegrityError:
             return False
+        self._unsaved += 1
+        if self._unsaved >= CHECKPOINT_EVERY:
+            self.checkpoint()
         return True
 
     def find_result(self, candidate_id: str, shape: str, dtype: str, env_key_: str) -> StoredResult | None:
@@ -205,6 +251,7 @@ class Store:
                "created": time.time()}
         with self.engine.begin() as conn:
             conn.execute(confirmations_table.insert(), redact_data(row))
+        self.checkpoint()  # a confirmed winner: the .db file alone holds the job's results
 
     def confirmations(self, job: str | None = None) -> list[StoredConfirmation]:
         """Stored confirmations (of one job) in the order they were stored."""

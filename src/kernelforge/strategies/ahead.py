@@ -172,6 +172,10 @@ class AskAhead(Wrapper):
     def heartbeat(self) -> None:
         self.inner.heartbeat()  # without the lock: see the class docstring
 
+    def retire_orphans(self) -> int:
+        with self._lock:  # not while a proposal asked ahead is between its ask and its hold
+            return self.inner.retire_orphans()
+
     def _enqueue(self, point: Mapping[str, Any]) -> bool:
         """The inner strategy's ``enqueue``; the point is asked before the proposal held ahead."""
         with self._lock:

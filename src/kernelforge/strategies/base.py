@@ -128,6 +128,12 @@ class Strategy(ABC):
         """Say, from the worker's heartbeat thread, that the asked points are still being
         evaluated (a strategy whose state other workers share; nothing to do for the others)."""
 
+    def retire_orphans(self) -> int:
+        """Close what dead workers left open in this strategy's shared state (an Optuna study's
+        RUNNING trials); call only when no other worker of the job is alive. Returns how many
+        (nothing to do for a strategy without shared state)."""
+        return 0
+
     # Helpers shared by the implementations -------------------------------------------------
 
     def _ask_baseline_once(self) -> dict | None:

@@ -76,6 +76,9 @@ class GuidedStrategy(Wrapper):
     def heartbeat(self) -> None:
         self.inner.heartbeat()
 
+    def retire_orphans(self) -> int:
+        return self.inner.retire_orphans()
+
     def enqueue(self, point: Mapping[str, Any]) -> bool:
         """Have :meth:`ask` return ``point`` soon (a proposer's point): the inner strategy's
         ``enqueue`` when it has one, else after the advised points. False, and nothing queued, when

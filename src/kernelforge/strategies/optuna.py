@@ -324,6 +324,23 @@ class OptunaStrategy(Strategy):
         """Beat for this strategy's RUNNING trials and fail the shared study's stale ones."""
         self._beats.beat()
 
+    def retire_orphans(self) -> int:
+        """Close FAIL (ignored by the samplers) every RUNNING trial of the stored study that this
+        strategy does not hold: left by killed workers (the caller knows no other is alive), they
+        would otherwise stay RUNNING until their heartbeat is TRIAL_GRACE_S old."""
+        if not self._shared:
+            return 0
+        held = set(self._beats.held())
+        running = self.study.get_trials(deepcopy=False, states=(self._optuna.trial.TrialState.RUNNING,))
+        closed = 0
+        for frozen in running:
+            if frozen.number in held:
+                continue
+            self.study.tell(frozen.number, state=self._optuna.trial.TrialState.FAIL, skip_if_finished=True)
+            self._seen_trials.add(frozen.number)
+            closed += 1
+        return closed
+
     def _unasked(self) -> Key | None:
         """A valid point neither known nor pending, drawn at random; None when there is none."""
         for _ in range(1000):

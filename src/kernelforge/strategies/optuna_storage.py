@@ -65,6 +65,10 @@ class TrialBeats:
     def drop(self, number: int) -> None:
         self._held.pop(number, None)
 
+    def held(self) -> tuple[int, ...]:
+        """The numbers of the trials beaten for."""
+        return tuple(self._held)
+
     def beat(self) -> None:
         """Record a heartbeat for every held trial, and fail the stale trials of the study (those
         of killed workers). Called from the worker's heartbeat thread."""

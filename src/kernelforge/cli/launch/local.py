@@ -236,7 +236,10 @@ def finish(job: Any, catalog: Any, relay: Relay, stop: Stop, *, report: bool) ->
 
     if stop.count > 1:  # killed: as fast as possible
         return
-    store = Store(job.storage_url)
+    try:
+        store = Store(job.storage_url, create=False)
+    except UserError:
+        return  # no database (deleted under the workers, who said so): no summary of results not there
     try:
         path = write_report(job, catalog, store) if report else None
         outcome = SearchOutcome(evaluations=relay.evaluations, duplicates=relay.duplicates,

@@ -73,12 +73,12 @@ class Stop:
         self._previous: dict[int, Any] = {}
 
     def install(self) -> None:
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             self._previous[signum] = signal.signal(signum, self._on_signal)
 
     def reclaim(self) -> None:
         """Handle the signals again after a library replaced the handlers (``ray.init`` does)."""
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, self._on_signal)
 
     def uninstall(self) -> None:
@@ -98,7 +98,7 @@ class Stop:
 
 
 def exit_status(stop: Stop, failures: list[int]) -> int:
-    """130 after SIGINT, 143 after SIGTERM, else the first failure's status (a worker killed by a
+    """130 after SIGINT, 143 after SIGTERM, 129 after SIGHUP, else the first failure's status (a worker killed by a
     signal counts as 128 + the signal), else 0."""
     if stop.signum is not None:
         return 128 + stop.signum
