@@ -45,7 +45,7 @@ def count(where: str, value: Any, least: int = 1, example: str = "a positive int
 def compile_target(where: str, value: Any) -> str:
     """A known compile target's name (``sm_90``, ``gfx942``...), as ``kernelforge compile --target``
     accepts it."""
-    from kernelforge.compile.targets import parse_target
+    from kernelforge.targets import parse_target
 
     typed(where, value, str, '"sm_90"')
     try:

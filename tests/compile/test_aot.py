@@ -24,7 +24,7 @@ from triton.runtime.jit import JITFunction
 from kernelforge.compile.pool import CompilePool, compile_candidate, environment_probe, run_in_child
 from kernelforge.compile.resources import CompileReport, jit_registers
 from kernelforge.compile.specialise import pack_args_legacy, recording_launches, specialize, target_backend
-from kernelforge.compile.targets import TARGETS, default_target, parse_target
+from kernelforge.targets import TARGETS, default_target, parse_target
 from kernelforge.catalog import Catalog
 from kernelforge.errors import UserError
 

@@ -21,7 +21,7 @@ import pytest
 
 from kernelforge.catalog import Catalog
 from kernelforge.compile.resources import CompileReport
-from kernelforge.compile.targets import parse_target
+from kernelforge.targets import parse_target
 from kernelforge.job import load_job
 from kernelforge.result import Status, resource_rejected
 from kernelforge.search.loop import Search

@@ -74,7 +74,7 @@ def target_line(job, compile_enabled: bool) -> str:
         return "none (--no-compile)"
     if job.target:
         return job.target
-    from kernelforge.compile.targets import default_target
+    from kernelforge.targets import default_target
 
     return f"{default_target()} (default: the local GPU's, else sm_90)"
 

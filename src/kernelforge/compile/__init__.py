@@ -12,7 +12,7 @@ compile is a ``compile_error``.
 
 Modules, in the order the work flows:
 
-- :mod:`~kernelforge.compile.targets`: the GPUs one can compile for and their limits
+- :mod:`kernelforge.targets` (a noun, at the top level): the GPUs one can compile for and their limits
   (:func:`parse_target`, :func:`default_target`, :data:`TARGETS`).
 - :mod:`~kernelforge.compile.specialise`: the JIT-identical specialisation of one launch, and
   recording the launches of host code.
@@ -29,4 +29,4 @@ Triton's own cache (``TRITON_CACHE_DIR`` or its default) is used, so compiling a
 again costs about a millisecond plus the ptxas resource pass.
 """
 
-__all__ = ["targets", "pool", "sandboxed", "ray_pool", "resources"]
+__all__ = ["pool", "sandboxed", "ray_pool", "resources"]

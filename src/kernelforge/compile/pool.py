@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from kernelforge.compile.resources import CompileReport
 from kernelforge.compile.step import compile_here, prepare_compiler_process
-from kernelforge.compile.targets import default_target, parse_target
+from kernelforge.targets import default_target, parse_target
 from kernelforge.errors import UserError
 from kernelforge.result import Status
 

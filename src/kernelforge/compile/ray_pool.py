@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelforge.compile.resources import CompileReport
-from kernelforge.compile.targets import default_target, parse_target
+from kernelforge.targets import default_target, parse_target
 
 #: The Ray cluster a worker sends its compiles to (set by the ``--ray`` launcher).
 RAY_COMPILE_ENV = "KERNELFORGE_RAY_COMPILE"

@@ -19,7 +19,7 @@ from typing import Any
 
 from kernelforge.compile.messages import first_lines
 from kernelforge.compile.specialise import Specialization
-from kernelforge.compile.targets import Target
+from kernelforge.targets import Target
 from kernelforge.result import Status
 
 #: The statuses a compile can end with (a compile never gives ``wrong`` or ``runtime_error``).

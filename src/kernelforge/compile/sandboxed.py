@@ -24,7 +24,7 @@ from typing import Any
 
 from kernelforge.compile.pool import CompilePool, prepare_pool_worker
 from kernelforge.compile.resources import CompileReport
-from kernelforge.compile.targets import default_target, parse_target
+from kernelforge.targets import default_target, parse_target
 from kernelforge.execute.sandbox import (Role, apply_sandbox, default_memory_limit, die_with_parent, limit_process,
                                          sandbox_environment)
 

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from kernelforge.compile.targets import Target, parse_target
+from kernelforge.targets import Target, parse_target
 
 
 @dataclass(frozen=True, eq=False)

@@ -16,7 +16,7 @@ from pathlib import Path
 from kernelforge.compile.messages import captured_output, error_text, first_lines, where_in
 from kernelforge.compile.resources import CompileReport, KernelResources, kernel_resources, limit_problems
 from kernelforge.compile.specialise import BindError, compile_specialization, recording_launches
-from kernelforge.compile.targets import parse_target
+from kernelforge.targets import parse_target
 from kernelforge.errors import UserError
 from kernelforge.result import Status
 

@@ -7,7 +7,7 @@ the job's compile ``target`` (``sm_90`` is an H100/H200, described by the H200's
 
 Figures come from the two tables of GPU facts and nowhere else: per product, the ceilings of
 :mod:`kernelforge.devices.hardware` (datasheet, dense, no sparsity; measured where known); per
-architecture, the compile targets of :mod:`kernelforge.compile.targets` (limits and per-SM
+architecture, the compile targets of :mod:`kernelforge.targets` (limits and per-SM
 resources). This module holds no figure of its own. Where a figure is not known it is left out,
 never guessed.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kernelforge.compile.targets import FALLBACK_TARGET, Target, parse_target
+from kernelforge.targets import FALLBACK_TARGET, Target, parse_target
 from kernelforge.devices.hardware import Ceilings, ceilings_for, timed_device_name
 from kernelforge.errors import UserError
 

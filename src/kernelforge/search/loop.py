@@ -93,7 +93,7 @@ class Search:
             self.progress.event("warning", message=warning)
         target = None
         if self.compile_enabled:
-            from kernelforge.compile.targets import default_target, parse_target
+            from kernelforge.targets import default_target, parse_target
             from kernelforge.compile.sandboxed import SandboxedCompilePool
 
             target = self.job.target or default_target()

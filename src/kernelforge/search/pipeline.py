@@ -17,7 +17,7 @@ from kernelforge.block import Block, Shape
 from kernelforge.candidate import Candidate
 from kernelforge.errors import UserError
 from kernelforge.execute.timing import TimingPlan
-from kernelforge.compile.targets import parse_target
+from kernelforge.targets import parse_target
 from kernelforge.result import Evaluation, Status, StoredResult, Verification, resource_rejected
 from kernelforge.search.context import RunContext
 from kernelforge.search.gate import PolicyGate
