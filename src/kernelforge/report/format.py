@@ -55,6 +55,19 @@ def speedup_text(row: ShapeRow) -> str:
     return text
 
 
+def measured_text(row: ShapeRow) -> str:
+    """Which measurement a row's times and speedup come from: "2 pairs" or "search"."""
+    return f"{row.pairs} pairs" if row.measured_by == "pairs" else "search"
+
+
+def search_text(row: ShapeRow) -> str:
+    """The search's own single timings of a row measured by pairs ("1.2 ms -> 1.0 ms (1.200x)"),
+    labelled apart from the row's times; "same" when the row's figures are the search's."""
+    if row.measured_by != "pairs":
+        return "same"
+    return f"{fmt_time(row.search_baseline_s)} -> {fmt_time(row.search_best_s)} ({fmt_speedup(row.search_speedup)})"
+
+
 def roofline_cells(point: RooflinePoint | None, has_ceiling: bool) -> tuple[str, str, str]:
     """(FLOP rate, bandwidth, percent of roofline) cells of one timed result."""
     if not point:

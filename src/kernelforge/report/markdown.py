@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from typing import Sequence
 
-from kernelforge.report.format import (baseline_ref, baselines_text, fmt_delta, fmt_joules,
-                                       fmt_speedup, fmt_time, params_text, roofline_cells, speedup_text)
+from kernelforge.report.format import (baseline_ref, baselines_text, fmt_delta, fmt_joules, fmt_speedup, fmt_time,
+                                       measured_text, params_text, roofline_cells, search_text, speedup_text)
 from kernelforge.report.llm_markdown import llm_markdown
 from kernelforge.report.moe_table import moe_markdown
 from kernelforge.report.pareto import front_markdown
@@ -70,15 +70,21 @@ def _block_markdown(block: BlockReport) -> list[str]:
     if block.baselines:
         lines.append(baselines_text(block) + " Each shape's speedup is over its own baseline.")
         lines.append("")
-    lines.append("| shape | baseline | best | speedup (p20-p80) | confirmed | winner | parameters |")
-    lines.append("|---|---|---|---|---|---|---|")
+    lines.append("Each row's baseline, best and speedup come from one measurement (`measured by`): the "
+                 "confirmation's interleaved pairs (their medians; speedup = baseline / best, spread = p20-p80 of "
+                 "the per-pair speedups) or the search's single timings. The search's timings of a row measured "
+                 "by pairs are in the last column.")
+    lines.append("")
+    lines.append("| shape | baseline | best | speedup (p20-p80) | measured by | confirmed | winner | parameters "
+                 "| search: baseline -> best (speedup) |")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
     for row in block.shapes:
         winner = "baseline" if row.winner_is_baseline else f"`{row.winner}` ({row.template})"
         confirmed = _confirmation_cell(row)
         base = " ".join(filter(None, (fmt_time(row.baseline_s), baseline_ref(block, row))))
         lines.append(
-            f"| {row.shape} | {base} | {fmt_time(row.best_s)} | {speedup_text(row)} | "
-            f"{confirmed} | {winner} | {params_text(row.params)} |"
+            f"| {row.shape} | {base} | {fmt_time(row.best_s)} | {speedup_text(row)} | {measured_text(row)} | "
+            f"{confirmed} | {winner} | {params_text(row.params)} | {search_text(row)} |"
         )
     lines.extend(_library_markdown(block))  # issue 11: the library reference line
     lines.extend(moe_markdown(block))  # default versus tuned per token count
