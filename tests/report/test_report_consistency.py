@@ -148,3 +148,17 @@ def test_summary_geomean_is_the_rows(confirmed_job):
     for s in speedups:
         product *= s
     assert f"{product ** (1 / len(speedups)):.2f}x" in line
+
+
+def test_the_baselines_table_shows_every_stored_baseline_timing(confirmed_job):
+    report = collect(confirmed_job["job"], confirmed_job["catalog"], confirmed_job["store"])
+    rows = {r.shape: r for r in report.block("moe/gpt_oss_experts").shapes}
+    for shape in confirmed_job["confirmed"]:
+        row = rows[shape]
+        e = confirmed_job["expected"][("moe/gpt_oss_experts", shape)]
+        # The search's timing and the three pairs' baseline halves (1.3 x 1.0, 1.05, 0.97 of it).
+        assert sorted(row.baseline_timings) == pytest.approx(sorted([e["baseline_s"], *(1.3 * e["baseline_s"] * f for f in (1.0, 1.05, 0.97))]))
+        assert row.baseline_spread == pytest.approx(1.3 * 1.05)
+    md = confirmed_job["md"]
+    assert "| 4 timings, " in md and f"{1.3 * 1.05:.2f}x |" in md
+    assert "4 timings, " in (confirmed_job["folder"] / "index.html").read_text()

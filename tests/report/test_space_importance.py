@@ -46,3 +46,25 @@ def test_the_scores_are_optunas_ped_anova_of_the_same_trials():
                                                   value=math.log(c.geomean_speedup)))
     expected = get_param_importances(study, target=lambda t: -t.value, evaluator=PedAnovaImportanceEvaluator())
     assert {i.name: i.share for i in view.importance} == pytest.approx(dict(expected))
+
+
+def test_interpreter_inert_parameters_are_marked():
+    from dataclasses import replace
+
+    from kernelforge.report.markdown import _block_markdown
+    from kernelforge.report.records import Banner
+
+    base = CandidateRow(order=0, id="base", template="t", origin="baseline", parent=None, status="ok",
+                        geomean_speedup=1.0, shapes=1, params={"BLOCK": 32, "num_warps": 4, "num_stages": 2})
+    stages = replace(base, order=1, id="stages", origin="optuna", geomean_speedup=0.3,
+                     params={"BLOCK": 32, "num_warps": 4, "num_stages": 3})
+    tile = replace(base, order=2, id="tile", origin="optuna", params={"BLOCK": 64, "num_warps": 4, "num_stages": 3})
+    block = BlockReport(block="toy/axpy", description="", shapes=(), geomean_speedup=None, statuses={}, origins={},
+                        candidates=3, candidate_rows=(base, stages, tile), baseline="base",
+                        banner=Banner(kind="interpret", device_name="cpu", text="interpreter"))
+    md = "\n".join(_block_markdown(block))
+    assert "num_warps, num_stages cannot change the interpreter's work" in md
+    marked = [line for line in md.splitlines() if "(same interpreter work as the baseline)" in line]
+    assert len(marked) == 1 and "`stages`" in marked[0]
+    on_gpu = "\n".join(_block_markdown(replace(block, banner=None)))
+    assert "interpreter work" not in on_gpu

@@ -171,6 +171,7 @@ def _shape_rows(tune: Tune, shapes: list[Shape], table: Table, baselines: Baseli
                 significant=bool(conf and conf.p20 > 1.0),
                 search_baseline_s=base.median_s if base else None, search_best_s=best.median_s if best else None,
                 search_speedup=search, pair_speedup=conf.median if conf else None,
+                baseline_timings=_baseline_timings(base, own.candidate, shape.name, confirmations),
                 flops=base.flops if base else None, bytes=base.bytes if base else None,
                 timing_label=base.timing_label if base else None, timing_method=base.timing_method if base else None,
                 roofline=ShapeRoofline(
@@ -179,6 +180,16 @@ def _shape_rows(tune: Tune, shapes: list[Shape], table: Table, baselines: Baseli
                 baseline=own.candidate, baseline_source=own.source, baseline_params=own.params,
             ))
     return rows
+
+
+def _baseline_timings(base: StoredResult | None, baseline_id: str, shape: str,
+                      confirmations: list[StoredConfirmation]) -> tuple[float, ...]:
+    """Every stored timing of a shape's baseline: the search's median, then the baseline half of
+    each confirmation pair against it (any candidate's), in stored order."""
+    search = (base.median_s,) if base is not None and base.ok and base.median_s else ()
+    pairs = tuple(b for c in confirmations if c.shape == shape and c.baseline_id == baseline_id
+                  for b, _ in c.pair_times)
+    return search + pairs
 
 
 def _measurement(base: StoredResult | None, best: StoredResult | None,

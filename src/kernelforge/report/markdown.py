@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 from typing import Sequence
 
-from kernelforge.report.format import (baseline_ref, baselines_text, fmt_delta, fmt_joules, fmt_speedup, fmt_time,
-                                       measured_text, params_text, roofline_cells, search_text, speedup_text)
+from kernelforge.report.format import (baseline_ref, baseline_spread_text, baselines_text, fmt_delta, fmt_joules,
+                                       fmt_speedup, fmt_time, inert_text, measured_text, params_text, roofline_cells,
+                                       same_work_as, search_text, speedup_text)
 from kernelforge.report.llm_markdown import llm_markdown
 from kernelforge.report.moe_table import moe_markdown
 from kernelforge.report.pareto import front_markdown
@@ -89,6 +90,8 @@ def _block_markdown(block: BlockReport) -> list[str]:
     lines.extend(_library_markdown(block))  # issue 11: the library reference line
     lines.extend(moe_markdown(block))  # default versus tuned per token count
     lines.extend(front_markdown(block.pareto))  # the time-energy Pareto front
+    if inert_text(block):
+        lines.extend(["", inert_text(block)])
     labels = sorted({r.timing_label for r in block.shapes if r.timing_label})
     if labels:
         lines.append("")
@@ -103,7 +106,8 @@ def _block_markdown(block: BlockReport) -> list[str]:
         for c in block.candidate_rows:
             lines.append(f"| {c.order} | `{c.id}` | {c.template} | {c.origin} | "
                          f"{('`' + c.parent + '`') if c.parent else '-'} | {c.status} | "
-                         f"{fmt_speedup(c.geomean_speedup)} | {params_text(c.params)} |")
+                         f"{fmt_speedup(c.geomean_speedup)} | {params_text(c.params)}"
+                         + (" (same interpreter work as the baseline)" if same_work_as(block, c.params) else "") + " |")
         lines.append("")
     for w in block.winners:
         lines.append(f"### Winner `{w.id}` against the baseline source")
@@ -170,10 +174,14 @@ def _baselines_markdown(block: BlockReport) -> list[str]:
     """Each shape's baseline: the candidate, its point and where the point comes from."""
     if not block.baselines:
         return []
-    lines = [f"### Baselines of {block.block}", "", "| shape | baseline | point | source |", "|---|---|---|---|"]
+    lines = [f"### Baselines of {block.block}", "",
+             "Timings: every stored timing of the shape's baseline (the search's and the baseline half of each "
+             "confirmation pair), fastest to slowest and their ratio: how far the baseline itself drifted.", "",
+             "| shape | baseline | point | source | timings |", "|---|---|---|---|---|"]
     for row in block.shapes:
         lines.append(f"| {row.shape} | `{row.baseline}` | {params_text(row.baseline_params)} | "
-                     f"{' '.join(filter(None, (baseline_ref(block, row), row.baseline_source)))} |")
+                     f"{' '.join(filter(None, (baseline_ref(block, row), row.baseline_source)))} | "
+                     f"{baseline_spread_text(row)} |")
     lines.append("")
     return lines
 

@@ -122,6 +122,17 @@ class ShapeRow:
     search_best_s: float | None = None
     search_speedup: float | None = None
     pair_speedup: float | None = None  # median of the per-pair speedups (None: not confirmed)
+    # Every stored timing of this shape's baseline: the search's, and the baseline half of every
+    # confirmation pair against it (whatever candidate was confirmed), in seconds.
+    baseline_timings: tuple[float, ...] = ()
+
+    @property
+    def baseline_spread(self) -> float | None:
+        """Slowest over fastest stored timing of the shape's baseline (None with fewer than two):
+        how far the baseline itself drifted while the search and its confirmations ran."""
+        if len(self.baseline_timings) < 2 or min(self.baseline_timings) <= 0:
+            return None
+        return max(self.baseline_timings) / min(self.baseline_timings)
 
     @property
     def is_moe(self) -> bool:
