@@ -125,6 +125,31 @@ def down_config(params: dict[str, Any]) -> dict[str, int]:
     return {k: int(params[GEMM2_KEYS[k]] if k in GEMM2_KEYS and GEMM2_KEYS[k] in params else params[k]) for k in VLLM_KEYS}
 
 
+#: What every fused_moe export says of where its numbers come from.
+TUNED_ON = ("tuned on kernelforge's fused-MoE kernel (its Triton templates in vLLM's fused_moe design: the same "
+            "sort, tiles and configuration keys), not on vLLM's own fused_moe kernel, which kernelforge did not time")
+
+
+def space_of(entries: list[ExportEntry]) -> dict[str, dict[str, Any]]:
+    """Block -> which space its exported configurations come from: the templates, and whether each
+    configuration came from a space with GEMM2 tied to GEMM1 (vLLM's: a template with no ``...2``
+    parameters, such as ``vllm_tied``) or from the split space (GEMM2 tuned apart; exported only where
+    GEMM2 equals GEMM1, or as the fastest such candidate)."""
+    out: dict[str, dict[str, Any]] = {}
+    for e in entries:
+        tied = not any(k2 in e.params for k2 in GEMM2_KEYS.values())
+        info = out.setdefault(e.block, {"templates": [], "tied": 0, "split": 0})
+        if e.template and e.template not in info["templates"]:
+            info["templates"].append(e.template)
+        info["tied" if tied else "split"] += 1
+    for info in out.values():
+        info["space"] = ("tied: GEMM2 takes GEMM1's configuration (vLLM's space)" if not info["split"] else
+                         "split: GEMM2 tuned apart from GEMM1 (the configurations exported have GEMM2 = GEMM1)"
+                         if not info["tied"] else "mixed: tied and split templates")
+        info["tuned_on"] = TUNED_ON
+    return out
+
+
 def _fastest_shippable(store: Store, block: BlockReport, row: ShapeRow) -> ShapeRow | None:
     """``row`` with its winner replaced by the fastest candidate measured on the shape (same
     device and versions) that uses one configuration for both GEMMs, the shape's baseline when
