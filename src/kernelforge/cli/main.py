@@ -27,6 +27,7 @@ from kernelforge.cli.report import export, report
 from kernelforge.cli.search import search, strategy_bench
 from kernelforge.cli.signals import install_stop_signals, stop_status
 from kernelforge.cli.show import show
+from kernelforge.cli.tune import tune
 from kernelforge.errors import UserError
 from kernelforge.redact import redact, redact_standard_streams, register_environment
 
@@ -91,5 +92,5 @@ def main(ctx: click.Context, kernels: str | None) -> None:
 
 
 for command in (blocks, templates, render, new, show, check, compile_, search, strategy_bench, report, export,
-                dashboard, ceilings, crosscheck):
+                dashboard, ceilings, crosscheck, tune):
     main.add_command(command)
