@@ -162,3 +162,11 @@ def test_the_baselines_table_shows_every_stored_baseline_timing(confirmed_job):
     md = confirmed_job["md"]
     assert "| 4 timings, " in md and f"{1.3 * 1.05:.2f}x |" in md
     assert "4 timings, " in (confirmed_job["folder"] / "index.html").read_text()
+
+
+def test_the_summary_says_where_its_times_come_from(confirmed_job):
+    report = collect(confirmed_job["job"], confirmed_job["catalog"], confirmed_job["store"])
+    moe = report.block("moe/gpt_oss_experts")
+    paired = sum(r.measured_by == "pairs" for r in moe.shapes)
+    assert paired == len(moe.shapes) and block_line(moe).endswith("; times from the confirmation pairs")
+    assert "confirmation pairs" not in block_line(report.block("attention/gpt_oss_decode"))
