@@ -154,14 +154,15 @@ def _fastest_shippable(store: Store, block: BlockReport, row: ShapeRow) -> Shape
     """``row`` with its winner replaced by the fastest candidate measured on the shape (same
     device and versions) that uses one configuration for both GEMMs, the shape's baseline when
     none beats it, or None when the baseline itself is not shippable there. Unconfirmed."""
-    if row.baseline_s is None:
+    base_s = row.search_baseline_s  # the search's timings only: the candidates compared have no pairs
+    if base_s is None:
         return None
     params = {c.id: c for c in store.candidates(block.block)}
     best = None
     for r in store.results(block=block.block):
         c = params.get(r.candidate_id)
         if (c is None or r.shape != row.shape or r.env_key != block.env_key or r.status is not Status.OK
-                or not r.median_s or (r.median_s >= row.baseline_s and c.id != row.baseline) or gemm2_split(c.params)
+                or not r.median_s or (r.median_s >= base_s and c.id != row.baseline) or gemm2_split(c.params)
                 or any(k not in c.params for k in VLLM_KEYS)):
             continue
         if best is None or r.median_s < best[0].median_s:
@@ -170,12 +171,12 @@ def _fastest_shippable(store: Store, block: BlockReport, row: ShapeRow) -> Shape
         return None
     r, c = best
     is_baseline = c.id == row.baseline
-    return dataclasses.replace(row, winner=c.id, template=c.template, params=dict(c.params),
-                               best_s=row.baseline_s if is_baseline else r.median_s, best_p20_s=r.p20_s,
-                               best_p80_s=r.p80_s, best_samples=r.samples,
-                               speedup=1.0 if is_baseline else row.baseline_s / r.median_s, speedup_p20=None,
-                               speedup_p80=None, confirmed=False, pairs=0, significant=False,
-                               winner_is_baseline=is_baseline)
+    best_s = base_s if is_baseline else r.median_s
+    return dataclasses.replace(row, winner=c.id, template=c.template, params=dict(c.params), measured_by="search",
+                               baseline_s=base_s, best_s=best_s, best_p20_s=r.p20_s, best_p80_s=r.p80_s,
+                               best_samples=r.samples, speedup=base_s / best_s, speedup_p20=None, speedup_p80=None,
+                               search_best_s=best_s, search_speedup=base_s / best_s, pair_speedup=None,
+                               confirmed=False, pairs=0, significant=False, winner_is_baseline=is_baseline)
 
 
 def _file_names(layout: Layout, E: int, N: int, env: dict[str, Any], dtype: ConfigDtype) -> tuple[str, str | None]:
