@@ -4,8 +4,11 @@ input, and the errors of load_winner."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -63,6 +66,26 @@ def test_the_readme_example_runs(tmp_path, monkeypatch, capsys):
     # A rerun of the finished job searches nothing and reports the same winners.
     again = api.run(job)
     assert [r.winner for r in again.block("attention/gpt_oss_decode").shapes] == [r.winner for r in block.shapes]
+
+
+@pytest.mark.interpreter
+def test_the_readme_example_runs_as_a_saved_script(tmp_path):
+    # Issue 32: saved to a file and run with python, unguarded, exactly as the README shows it. The
+    # compile pool's spawned children must not re-run the script (multiprocessing's bootstrapping error).
+    (tmp_path / "search").mkdir()
+    shutil.copy(ROOT / "search" / "demo.toml", tmp_path / "search" / "demo.toml")
+    script = tmp_path / "example.py"
+    script.write_text(readme_example() + "\n", encoding="utf-8")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch), "KERNELFORGE_CACHE": str(tmp_path / "cache"),
+           "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT / "src"), os.environ.get("PYTHONPATH"))))}
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "bootstrapping" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert "geometric mean:" in done.stdout
+    assert len(list(scratch.glob("*/demo.db"))) == 1  # one search, not one per spawned child
 
 
 def test_the_package_reexports_the_api():

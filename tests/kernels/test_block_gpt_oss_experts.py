@@ -336,3 +336,15 @@ def test_mutant_is_caught(path):
     out, ref = _run(_kernel(template), SMOKE[1], torch.float16)
     rel, elem = _errors(out, ref, BLOCK.tolerance(torch.float16, "cpu"))
     assert rel > 10 * BLOCK.tolerance(torch.float16, "cpu").rel_norm and elem > 10.0, (rel, elem)
+
+
+def test_tensor_parallel_sets_split_the_intermediate_size():
+    # Issue 32: shape sets per TP degree from the model's dimensions (no hand-edited block.py):
+    # a rank holds every expert's I / TP slice, which is the N of vLLM's config file for it.
+    sets = BLOCK.shape_sets()
+    for model, full in (("gpt-oss-120b", sets["gpt-oss-120b-vllm"]), ("gpt-oss-20b", sets["gpt-oss-20b-vllm"])):
+        for tp in (2, 4, 8):
+            shapes = sets[f"tp{tp}-{model}"]
+            assert [s["T"] for s in shapes] == [s["T"] for s in full]
+            assert all((s["E"], s["H"], s["I"]) == (f["E"], f["H"], f["I"] // tp) for s, f in zip(shapes, full))
+            assert all(s.name.startswith(f"tp{tp}-{model}/T") for s in shapes)

@@ -187,3 +187,24 @@ def test_the_dispatcher_forwards_each_call_to_its_token_counts_winner(exported):
         assert disp.SHAPES["tune/T64-C64"]["candidate"] == large  # readers' table
     finally:
         sys.modules.pop("kf_test_dispatcher_rows", None)
+
+
+def test_the_dispatcher_refuses_bf16_in_the_interpreter_without_kernelforges_fix(exported, monkeypatch):
+    # Issue 32: the exported folder ran bf16 silently wrong in Triton's CPU interpreter (it lacks the
+    # interpreter's bf16 fix). On such a call it applies kernelforge's fix, or refuses with a clear error.
+    import sys
+
+    disp = _import(exported["folder"] / "toy_rows.py", "kf_test_dispatcher_bf16")
+    x = torch.zeros(2, 64, dtype=torch.bfloat16)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setitem(sys.modules, "kernelforge.devices.interpreter", None)  # kernelforge not installed
+    with pytest.raises(RuntimeError, match="bf16 in Triton's CPU interpreter"):
+        disp.run(x=x, kf_shape="tune/T2-C64")
+    monkeypatch.delitem(sys.modules, "kernelforge.devices.interpreter")
+    disp._interpreter_bf16({"x": x})  # with kernelforge: the fix is applied, no error
+    from kernelforge.devices.interpreter import is_patched, needs_bf16_fix
+
+    assert is_patched() or not needs_bf16_fix()
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setitem(sys.modules, "kernelforge.devices.interpreter", None)
+    disp._interpreter_bf16({"x": x})  # on a GPU nothing is checked

@@ -125,3 +125,82 @@ def test_split_down_for_vllm_is_a_clear_error(stored, tmp_path):
     result = run_export(job, tmp_path / "out", "--split-down")
     assert result.exit_code == 2
     assert "--split-down needs --layout sglang" in result.output and "Traceback" not in result.output
+
+
+TIED_JOB = """
+[job]
+name = "tied"
+device = "cuda"
+dtype = "bfloat16"
+tune = "per-shape"
+storage = "sqlite:///{db}"
+
+[strategy]
+name = "tpe"
+evaluations = 2
+
+[[blocks]]
+id = "moe/gpt_oss_experts"
+shapes = "gpt-oss-120b"
+templates = ["vllm_tied"]
+"""
+
+
+def _tied_job(folder: Path, catalog: Catalog) -> tuple[Path, dict[int, dict]]:
+    """A stored per-shape search of the MoE block in vLLM's tied space (template vllm_tied, GEMM2 =
+    GEMM1): two tied candidates, the small tiles faster up to 64 tokens, the large tiles above.
+    Returns the job file and token count -> the winner's point."""
+    from kernelforge.candidate import Candidate
+    from kernelforge.result import Status, StoredResult, env_key
+    from kernelforge.store.store import Store
+
+    db = folder / "tied.db"
+    store = Store(f"sqlite:///{db}")
+    block = catalog.block("moe/gpt_oss_experts")
+    base_template, tied = catalog.baseline(block.id), catalog.template("moe/gpt_oss_experts/vllm_tied")
+    assert not any(name.endswith("2") for name in tied.space.names)  # one configuration for both GEMMs
+    small = Candidate.from_template(tied, {**tied.baseline, "BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128,
+                                           "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 4}, origin="optuna")
+    large = Candidate.from_template(tied, {**tied.baseline, "BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64,
+                                           "GROUP_SIZE_M": 16, "num_warps": 8, "num_stages": 3}, origin="optuna")
+    expected, now = {}, 1000.0
+    for shape in block.shapes("gpt-oss-120b"):
+        base = Candidate.from_template(base_template, dict(base_template.baseline_for(shape).point), origin="baseline")
+        winner = small if shape["T"] <= 64 else large
+        loser = large if winner is small else small
+        for c, t in ((base, 1e-3), (winner, 0.6e-3), (loser, 1.4e-3)):
+            store.add_candidate(c, "tied")
+            now += 1.0
+            store.add_result(StoredResult(
+                candidate_id=c.id, block=block.id, shape=shape.name, dtype="bfloat16",
+                device=synthetic.ENV["device_name"], env_key=env_key(synthetic.ENV), status=Status.OK, rel_error=1e-3,
+                median_s=t, p20_s=t, p80_s=t, samples=50, timing_method="cuda-events", timing_label="CUDA events",
+                joules=None, flops=1.0, bytes=1.0, message="", env=synthetic.ENV, job="tied", created=now))
+        expected[int(shape["T"])] = winner.point
+    store.close()
+    path = folder / "tied.toml"
+    path.write_text(TIED_JOB.format(db=db))
+    return path, expected
+
+
+def test_a_tied_space_export_is_what_vllm_loads_per_token_count(tmp_path):
+    # Issue 32: a job that searches vLLM's tied space exports its own winners (not the fallback to the
+    # fastest tied candidate), vLLM's loader gets each token count's configuration back, and the
+    # export says which space the configurations come from and what they were tuned on.
+    catalog = Catalog.discover(KERNELS)
+    job, expected = _tied_job(tmp_path, catalog)
+    out = tmp_path / "export"
+    result = run_export(job, out)
+    assert result.exit_code == 0, result.output
+    table = vllm_load(out, 128, 2880, "NVIDIA H200", None)
+    check_values(table)
+    assert sorted(table) == sorted(expected)
+    for m, point in expected.items():
+        looked_up = table[min(table, key=lambda x: abs(x - m))]  # try_get_optimal_moe_config at M = m
+        assert looked_up == {k: point[k] for k in FIELDS}
+    meta = json.loads((out / "kernelforge-export-vllm.json").read_text())
+    space = meta["space"]["moe/gpt_oss_experts"]
+    assert space["templates"] == ["moe/gpt_oss_experts/vllm_tied"] and space["space"].startswith("tied")
+    assert "kernelforge's fused-MoE kernel" in space["tuned_on"] and "not on vLLM's own" in space["tuned_on"]
+    assert not any("configures GEMM2 apart" in n for n in meta["notes"])
+    assert "tied: GEMM2 takes GEMM1's configuration" in result.output

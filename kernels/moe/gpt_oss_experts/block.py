@@ -55,6 +55,9 @@ PRESETS: dict[str, tuple[int, int, int, int]] = {
     "gpt-oss-20b": (32, 2880, 2880, 4),
 }
 
+#: Tensor-parallel degrees with a shape set each (``tp<N>-<model>``: I / N per rank).
+TP_DEGREES: tuple[int, ...] = (2, 4, 8)
+
 #: Skewed routing: sampling without replacement with weights (rank + 1) ** -_SKEW_EXPONENT over a
 #: random permutation of the experts, so a few (seed-dependent) experts get most tokens.
 _SKEW_EXPONENT = 2.0
@@ -164,6 +167,11 @@ class GptOssExperts(Block):
             sets[f"{model}-prefill"] = [_shape(f"{model}/T{T}", T=T, E=E, H=H, I=I, topk=topk) for T in PREFILL_TOKENS]
             # vLLM's tuner grid: the token counts of its fused_moe config files.
             sets[f"{model}-vllm"] = [_shape(f"{model}/T{T}", T=T, E=E, H=H, I=I, topk=topk) for T in VLLM_BATCH_SIZES]
+            # Tensor parallel: each of TP ranks holds every expert's 1/TP slice of the intermediate
+            # size, so a rank runs this block with I / TP (vLLM's config file N). vLLM's token grid.
+            for tp in TP_DEGREES:
+                sets[f"tp{tp}-{model}"] = [_shape(f"tp{tp}-{model}/T{T}", T=T, E=E, H=H, I=I // tp, topk=topk)
+                                           for T in VLLM_BATCH_SIZES]
         return sets
 
     def compile_shape(self) -> Shape:

@@ -7,6 +7,7 @@ Every helper raises :class:`kernelforge.errors.UserError` for a user's mistake; 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -57,11 +58,23 @@ def load_job(ctx: click.Context, job_file: str, storage: str | None):
     from kernelforge.redact import register_url
 
     register_url(storage)
+    check_storage_folder(storage)
     catalog = catalog_of(ctx)
     job = load(job_path(job_file), catalog)
     if storage:
         job = replace(job, storage=storage)
     return job, catalog
+
+
+def check_storage_folder(storage: str | None) -> None:
+    """Refuse a ``--storage sqlite:///PATH`` whose folder does not exist (a mistyped path must not
+    create folders and run a whole search there). The job's default database folder is created."""
+    if not storage or not storage.startswith("sqlite:///"):
+        return
+    path = Path(storage[len("sqlite:///"):].split("?", 1)[0])
+    if str(path) in ("", ":memory:") or path.parent.is_dir():
+        return
+    raise UserError(f"--storage {storage}: folder {path.parent} does not exist; create it first or fix the path")
 
 
 def yes(flag: bool | None) -> str:

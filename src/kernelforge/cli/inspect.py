@@ -98,6 +98,9 @@ def new(ctx: click.Context, name: str) -> None:
 
     catalog = catalog_of(ctx)
     block_id, _, stem = name.rpartition("/")
+    if name in catalog.blocks:
+        raise UserError(f"new {name}: NAME is missing; give the new template's name after the block: "
+                        f"kernelforge new {name}/NAME")
     catalog.block(block_id)
     if not stem.isidentifier():
         raise UserError(f"template name {stem!r} must be a Python identifier (letters, digits, _), e.g. {block_id}/wide_tiles")

@@ -30,6 +30,7 @@ from kernelforge.cli.report import export, report
 from kernelforge.cli.search import search, strategy_bench
 from kernelforge.cli.signals import install_stop_signals, restore_stop_signals, stop_status
 from kernelforge.cli.show import show
+from kernelforge.cli.tune import tune
 from kernelforge.errors import StorageError, UserError
 from kernelforge.store.failures import storage_error
 from kernelforge.redact import redact, redact_standard_streams, register_environment
@@ -110,5 +111,5 @@ def main(ctx: click.Context, kernels: str | None) -> None:
 
 
 for command in (blocks, templates, render, new, show, check, compile_, search, strategy_bench, report, export,
-                dashboard, ceilings, crosscheck, shipped, backup):
+                dashboard, ceilings, crosscheck, shipped, backup, tune):
     main.add_command(command)

@@ -8,6 +8,7 @@ import click
 
 from kernelforge.cli.common import console, err_console, load_job
 from kernelforge.cli.dashboard import refresh_mirror
+from kernelforge.errors import UserError
 
 
 @click.command()
@@ -29,9 +30,12 @@ def report(ctx: click.Context, job_file: str, storage: str | None, compare_file:
     from kernelforge.store.store import Store
 
     job, catalog = load_job(ctx, job_file, storage)
+    other = load_job(ctx, compare_file, compare_storage)[0] if compare_file else None
+    if other is not None and (other.name, other.storage_url) == (job.name, job.storage_url):
+        raise UserError(f"--compare {compare_file}: that is job {job.name} in the same storage; "
+                        "compare two different jobs (or the same job in another --compare-storage)")
     store = Store(job.storage_url, create=False)
-    if compare_file:
-        other, _ = load_job(ctx, compare_file, compare_storage)
+    if other is not None:
         other_store = Store(other.storage_url, create=False)
         text, html = write_compare(collect(job, catalog, store), collect(other, catalog, other_store))
         click.echo(text)  # raw Markdown: no wrapping or markup interpretation

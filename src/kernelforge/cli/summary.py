@@ -58,6 +58,7 @@ def block_line(block) -> str:
     significant = sum(row.significant for row in beaten)
     shapes = f"{len(beaten)} of {len(block.shapes)} shapes" if len(beaten) < len(block.shapes) else \
         f"{len(block.shapes)} shapes"
+    paired = sum(row.measured_by == "pairs" for row in block.shapes)
     if not confirmed:
         backing = "not confirmed (no interleaved re-timing)"
     elif significant == len(beaten):
@@ -66,4 +67,6 @@ def block_line(block) -> str:
         backing = f"confirmed on {confirmed} of {len(beaten)}, p20 above 1 on {significant}: within the noise elsewhere"
     # Per-shape baselines (Template.baseline_for): say so when the shapes' baselines have several sources.
     against = "the baseline" if len(block.baselines) <= 1 else f"each shape's baseline ({len(block.baselines)} sources)"
-    return f"best {best} over {against} (geomean, {shapes}); {backing}"
+    timed = f"; times from the confirmation pairs on {paired} of {len(block.shapes)} shapes, the search's elsewhere" \
+        if 0 < paired < len(block.shapes) else "; times from the confirmation pairs" if paired else ""
+    return f"best {best} over {against} (geomean, {shapes}); {backing}{timed}"

@@ -13,7 +13,6 @@ not see the flag.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import multiprocessing as mp
 import os
 import signal
 import sys
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kernelforge.compile.resources import CompileReport
+from kernelforge.compile.spawning import spawn_context
 from kernelforge.compile.step import compile_here, prepare_compiler_process
 from kernelforge.targets import default_target, parse_target
 from kernelforge.errors import UserError
@@ -103,7 +103,7 @@ def run_in_child(work: Callable[..., Any], args: tuple, timeout: float) -> Any:
     Raises UserError (re-raised from the child), or ChildFailed with status ``timeout`` (the
     child was killed) or ``compile_error`` (it died, or the work itself failed).
     """
-    ctx = mp.get_context("spawn")
+    ctx = spawn_context()
     receiver, sender = ctx.Pipe(duplex=False)
     process = ctx.Process(target=_child_main, args=(sender, work, args), name="kernelforge-aot", daemon=True)
     process.start()
@@ -145,8 +145,8 @@ def compile_candidate(
 
     The child is started with multiprocessing's ``spawn``: nothing of the caller's state is
     inherited, and the child removes TRITON_INTERPRET before it imports triton, so this works
-    from a process running the interpreter (the test suite). Like any spawn-based code, a script
-    calling this must guard its entry with ``if __name__ == "__main__":``. The child is killed
+    from a process running the interpreter (the test suite). The child never re-runs the caller's
+    main module (:mod:`kernelforge.compile.spawning`), so a script needs no ``__main__`` guard. The child is killed
     after ``timeout`` seconds (status ``timeout``; the budget includes about 3 s of process start
     and torch import). A child that crashes (a segfault in the compiler) gives ``compile_error``;
     the caller is never taken down.
@@ -227,7 +227,7 @@ class CompilePool:
     def _new_executor(self) -> cf.ProcessPoolExecutor:
         return cf.ProcessPoolExecutor(
             max_workers=self.max_workers,
-            mp_context=mp.get_context("spawn"),
+            mp_context=spawn_context(),
             initializer=prepare_pool_worker,
         )
 

@@ -11,86 +11,19 @@ read outside the system, Python and the kernels folders; no network).
 
 from __future__ import annotations
 
-import io
-import multiprocessing.context as mp_context
 import os
 import shutil
-import subprocess
 import tempfile
 from concurrent.futures import Future, ProcessPoolExecutor
-from multiprocessing import popen_spawn_posix, reduction, spawn, util
 from pathlib import Path
 from typing import Any
 
 from kernelforge.compile.pool import CompilePool, prepare_pool_worker
 from kernelforge.compile.resources import CompileReport
+from kernelforge.compile.spawning import EnvironmentSpawnContext
 from kernelforge.targets import default_target, parse_target
 from kernelforge.execute.sandbox import (Role, apply_sandbox, default_memory_limit, die_with_parent, limit_process,
                                          sandbox_environment)
-
-
-def _spawn(path: str, args: list[str], fds: list[int], environment: dict[str, str]) -> int:
-    """``multiprocessing.util.spawnv_passfds`` with the child's environment given."""
-    child = subprocess.Popen(args, executable=path, env=environment, pass_fds=tuple(sorted(set(fds))),
-                             close_fds=True)
-    child.returncode = 0  # multiprocessing waits for this child (os.waitpid); subprocess must not
-    return child.pid
-
-
-class _EnvironmentPopen(popen_spawn_posix.Popen):
-    """The ``spawn`` start of a process (CPython's ``popen_spawn_posix.Popen._launch``, unchanged
-    since 3.8), except that the child is exec'd with ``process_obj.environment`` instead of this
-    process's environment."""
-
-    def _launch(self, process_obj: Any) -> None:
-        from multiprocessing import resource_tracker
-
-        tracker_fd = resource_tracker.getfd()
-        self._fds.append(tracker_fd)
-        prep_data = spawn.get_preparation_data(process_obj._name)
-        fp = io.BytesIO()
-        mp_context.set_spawning_popen(self)
-        try:
-            reduction.dump(prep_data, fp)
-            reduction.dump(process_obj, fp)
-        finally:
-            mp_context.set_spawning_popen(None)
-        parent_r = child_w = child_r = parent_w = None
-        try:
-            parent_r, child_w = os.pipe()
-            child_r, parent_w = os.pipe()
-            cmd = spawn.get_command_line(tracker_fd=tracker_fd, pipe_handle=child_r)
-            self._fds.extend([child_r, child_w])
-            self.pid = _spawn(spawn.get_executable(), cmd, self._fds, process_obj.environment)
-            self.sentinel = parent_r
-            with open(parent_w, "wb", closefd=False) as f:
-                f.write(fp.getbuffer())
-        finally:
-            self.finalizer = util.Finalize(self, util.close_fds, [fd for fd in (parent_r, parent_w) if fd is not None])
-            for fd in (child_r, child_w):
-                if fd is not None:
-                    os.close(fd)
-
-
-class _EnvironmentProcess(mp_context.SpawnProcess):
-    environment: dict[str, str] = {}
-
-    @staticmethod
-    def _Popen(process_obj: Any) -> _EnvironmentPopen:
-        return _EnvironmentPopen(process_obj)
-
-
-class EnvironmentSpawnContext(mp_context.SpawnContext):
-    """multiprocessing's ``spawn`` context whose processes start with exactly ``environment``."""
-
-    def __init__(self, environment: dict[str, str]):
-        super().__init__()
-        self.environment = dict(environment)
-
-    def Process(self, *args: Any, **kwargs: Any) -> _EnvironmentProcess:  # noqa: N802 - multiprocessing's name
-        process = _EnvironmentProcess(*args, **kwargs)
-        process.environment = self.environment
-        return process
 
 
 def sandboxed_pool_initializer(memory_limit: int | None, parent_pid: int, temp_dir: str,

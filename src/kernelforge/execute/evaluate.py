@@ -235,11 +235,25 @@ def _time_and_recheck(block: Block, entry: Entry, shape: Shape, dtype: torch.dty
     return Verification(verdict.status, verdict.rel_error, verdict.excess, checks, verdict.message), timing
 
 
+class PairSpeedup(float):
+    """One pair's speedup (baseline time / candidate time) that also carries the two times it is
+    the ratio of, so the report can show the very measurements behind it (issue 32)."""
+
+    baseline_s: float
+    candidate_s: float
+
+    def __new__(cls, baseline_s: float, candidate_s: float) -> "PairSpeedup":
+        value = super().__new__(cls, baseline_s / candidate_s)
+        value.baseline_s, value.candidate_s = baseline_s, candidate_s
+        return value
+
+
 def pair_speedups(block: Block, baseline_source: str, candidate_source: str, shape: Shape, dtype: torch.dtype,
                   device: Device, pairs: int, *, runner: Runner | None = None,
                   rng: random.Random | None = None) -> list[float]:
     """Interleaved baseline/candidate timings on one shape: the speedup of each pair (drift of the
-    machine between pairs cancels within a pair). Every round is checked as in :func:`evaluate`
+    machine between pairs cancels within a pair), each a :class:`PairSpeedup` with its two times.
+    Every round is checked as in :func:`evaluate`
     (its verified call, inputs and wall clock), after one verification call of each source on the
     shape (which also warms its kernels). Empty when either source fails to load or any check
     fails: the candidate is then not confirmed."""
@@ -265,5 +279,5 @@ def pair_speedups(block: Block, baseline_source: str, candidate_source: str, sha
                 return []
             method = method or timing.method
             times.append(timing.median_s)
-        speedups.append(times[0] / times[1])
+        speedups.append(PairSpeedup(times[0], times[1]))
     return speedups if not runner.tampering() else []

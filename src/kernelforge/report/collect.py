@@ -21,6 +21,7 @@ from typing import Any, Sequence
 from kernelforge.block import Shape
 from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
+from kernelforge.devices.base import quantiles
 from kernelforge.devices.hardware import Ceilings, assess, ceilings_for, timed_device_name
 from kernelforge.job import BlockSpec, Job, Tune
 from kernelforge.objective import (baseline_results, by_candidate, geomean, geomean_speedup, rank, speedup,
@@ -161,23 +162,20 @@ def _shape_rows(tune: Tune, shapes: list[Shape], table: Table, baselines: Baseli
             confirmed = [c for c in confirmations if c.shape == shape.name and c.candidate_id == winner
                          and c.baseline_id == own.candidate]
             conf = confirmed[-1] if confirmed else None
-            band = speedup_spread(base, best) if base and best else None
+            search = speedup(base, best)
             rows.append(ShapeRow(
                 shape=shape.name, dims=shape.as_dict(),
-                baseline_s=base.median_s if base else None, best_s=best.median_s if best else None,
-                baseline_p20_s=base.p20_s if base else None, baseline_p80_s=base.p80_s if base else None,
-                best_p20_s=best.p20_s if best else None, best_p80_s=best.p80_s if best else None,
-                baseline_samples=base.samples if base else None, best_samples=best.samples if best else None,
+                **_measurement(base, best, conf),
                 baseline_j=base.joules if base else None, best_j=best.joules if best else None,
                 winner_rel_error=best.rel_error if best else None,
                 winner=winner, winner_is_baseline=winner == own.candidate,
                 params=candidates[winner].params if winner in candidates else {},
                 template=candidates[winner].template if winner in candidates else None,
-                speedup=conf.median if conf else speedup(base, best),
-                speedup_p20=conf.p20 if conf else (band[0] if band else None),
-                speedup_p80=conf.p80 if conf else (band[1] if band else None),
                 confirmed=bool(conf), pairs=len(conf.speedups) if conf else 0,
                 significant=bool(conf and conf.p20 > 1.0),
+                search_baseline_s=base.median_s if base else None, search_best_s=best.median_s if best else None,
+                search_speedup=search, pair_speedup=conf.median if conf else None,
+                baseline_timings=_baseline_timings(base, own.candidate, shape.name, confirmations),
                 flops=base.flops if base else None, bytes=base.bytes if base else None,
                 timing_label=base.timing_label if base else None, timing_method=base.timing_method if base else None,
                 roofline=ShapeRoofline(
@@ -186,6 +184,38 @@ def _shape_rows(tune: Tune, shapes: list[Shape], table: Table, baselines: Baseli
                 baseline=own.candidate, baseline_source=own.source, baseline_params=own.params,
             ))
     return rows
+
+
+def _baseline_timings(base: StoredResult | None, baseline_id: str, shape: str,
+                      confirmations: list[StoredConfirmation]) -> tuple[float, ...]:
+    """Every stored timing of a shape's baseline: the search's median, then the baseline half of
+    each confirmation pair against it (any candidate's), in stored order."""
+    search = (base.median_s,) if base is not None and base.ok and base.median_s else ()
+    pairs = tuple(b for c in confirmations if c.shape == shape and c.baseline_id == baseline_id
+                  for b, _ in c.pair_times)
+    return search + pairs
+
+
+def _measurement(base: StoredResult | None, best: StoredResult | None,
+                 conf: StoredConfirmation | None) -> dict[str, Any]:
+    """The times, bands, sample counts and speedup of one shape row, all from one measurement (the
+    contract of :class:`ShapeRow`): the confirmation pairs when they carry their times, else the
+    search's stored results. Rows confirmed before pairs stored their times fall back to the search."""
+    if conf is not None and conf.pair_times:
+        b_med, b20, b80 = quantiles([b for b, _ in conf.pair_times])
+        c_med, c20, c80 = quantiles([c for _, c in conf.pair_times])
+        return dict(measured_by="pairs", baseline_s=b_med, best_s=c_med, baseline_p20_s=b20, baseline_p80_s=b80,
+                    best_p20_s=c20, best_p80_s=c80, baseline_samples=len(conf.pair_times),
+                    best_samples=len(conf.pair_times), speedup=b_med / c_med if c_med else None,
+                    speedup_p20=conf.p20, speedup_p80=conf.p80)
+    band = speedup_spread(base, best) if base and best else None
+    return dict(measured_by="search",
+                baseline_s=base.median_s if base else None, best_s=best.median_s if best else None,
+                baseline_p20_s=base.p20_s if base else None, baseline_p80_s=base.p80_s if base else None,
+                best_p20_s=best.p20_s if best else None, best_p80_s=best.p80_s if best else None,
+                baseline_samples=base.samples if base else None, best_samples=best.samples if best else None,
+                speedup=speedup(base, best), speedup_p20=band[0] if band else None,
+                speedup_p80=band[1] if band else None)
 
 
 def _candidate_rows(order: list[str], table: Table, base_rows: dict[str, StoredResult], shapes: list[str],

@@ -29,7 +29,7 @@ from kernelforge.job import Job
 from kernelforge.report.collect import collect
 from kernelforge.report.export_entry import ExportEntry, provenance, slug, winner_files
 from kernelforge.report.export_triton import triton_modules
-from kernelforge.report.export_vllm import (GEMM2_KEYS, VLLM_KEYS, Layout, vllm_configs, vllm_device_name,
+from kernelforge.report.export_vllm import (GEMM2_KEYS, VLLM_KEYS, Layout, space_of, vllm_configs, vllm_device_name,
                                             vllm_file_name)
 from kernelforge.report.records import Report
 from kernelforge.report.write import write_text
@@ -85,6 +85,10 @@ def export(job: Job, catalog: Catalog, store: Store, fmt: str, out: Path | None 
         meta_json["layout"] = layout
         meta_json["N"] = ("N is the expert intermediate size I of the measured shape (vLLM: E, _, N = w2.shape, "
                            "w2 [E, H, I] per tensor-parallel shard), i.e. TP 1")
+        meta_json["space"] = space_of(entries)  # which space the configurations come from, and what they were tuned on
+        notes[:0] = [f"{block}: configurations from {', '.join(info['templates'])}, {info['space']}; {info['tuned_on']}"
+                     for block, info in meta_json["space"].items()]
+        meta_json["notes"] = notes
     written = []
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -149,7 +149,28 @@ def run(*args, kf_shape=None, **kwargs):
                              f"shape> (one of {sorted(SHAPES)})")
         seen = {k: kwargs[n] if a is None else kwargs[n].shape[a] for k, (n, a) in DIM_AXES.items()}
         shape = shape_for(seen.pop(TOKEN_DIM), **seen)
+    _interpreter_bf16(kwargs)
     return _module(SHAPES[shape]["module"]).run(**kwargs)
+
+
+def _interpreter_bf16(kwargs):
+    """Triton's CPU interpreter (TRITON_INTERPRET=1) stores bf16 as raw bits and computes on them
+    (errors around 1e10). On a bf16 call there, apply kernelforge's fix (what the search verified
+    with), or refuse when it cannot be applied."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1" or not any(
+            str(getattr(v, "dtype", "")) == "torch.bfloat16" for v in kwargs.values()):
+        return
+    try:
+        from kernelforge.devices.interpreter import needs_bf16_fix, patch_bf16
+    except ImportError:
+        raise RuntimeError("bf16 in Triton's CPU interpreter (TRITON_INTERPRET=1) is computed wrongly without "
+                           "kernelforge's interpreter fix: install kernelforge beside this folder (the fix is "
+                           "applied on the first call) or run on a GPU") from None
+    if not patch_bf16() and needs_bf16_fix():
+        raise RuntimeError("bf16 in Triton's CPU interpreter: kernelforge's fix does not apply to this Triton "
+                           "(see the warning above); run on a GPU")
 '''
 
 

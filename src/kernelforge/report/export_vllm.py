@@ -125,18 +125,44 @@ def down_config(params: dict[str, Any]) -> dict[str, int]:
     return {k: int(params[GEMM2_KEYS[k]] if k in GEMM2_KEYS and GEMM2_KEYS[k] in params else params[k]) for k in VLLM_KEYS}
 
 
+#: What every fused_moe export says of where its numbers come from.
+TUNED_ON = ("tuned on kernelforge's fused-MoE kernel (its Triton templates in vLLM's fused_moe design: the same "
+            "sort, tiles and configuration keys), not on vLLM's own fused_moe kernel, which kernelforge did not time")
+
+
+def space_of(entries: list[ExportEntry]) -> dict[str, dict[str, Any]]:
+    """Block -> which space its exported configurations come from: the templates, and whether each
+    configuration came from a space with GEMM2 tied to GEMM1 (vLLM's: a template with no ``...2``
+    parameters, such as ``vllm_tied``) or from the split space (GEMM2 tuned apart; exported only where
+    GEMM2 equals GEMM1, or as the fastest such candidate)."""
+    out: dict[str, dict[str, Any]] = {}
+    for e in entries:
+        tied = not any(k2 in e.params for k2 in GEMM2_KEYS.values())
+        info = out.setdefault(e.block, {"templates": [], "tied": 0, "split": 0})
+        if e.template and e.template not in info["templates"]:
+            info["templates"].append(e.template)
+        info["tied" if tied else "split"] += 1
+    for info in out.values():
+        info["space"] = ("tied: GEMM2 takes GEMM1's configuration (vLLM's space)" if not info["split"] else
+                         "split: GEMM2 tuned apart from GEMM1 (the configurations exported have GEMM2 = GEMM1)"
+                         if not info["tied"] else "mixed: tied and split templates")
+        info["tuned_on"] = TUNED_ON
+    return out
+
+
 def _fastest_shippable(store: Store, block: BlockReport, row: ShapeRow) -> ShapeRow | None:
     """``row`` with its winner replaced by the fastest candidate measured on the shape (same
     device and versions) that uses one configuration for both GEMMs, the shape's baseline when
     none beats it, or None when the baseline itself is not shippable there. Unconfirmed."""
-    if row.baseline_s is None:
+    base_s = row.search_baseline_s  # the search's timings only: the candidates compared have no pairs
+    if base_s is None:
         return None
     params = {c.id: c for c in store.candidates(block.block)}
     best = None
     for r in store.results(block=block.block):
         c = params.get(r.candidate_id)
         if (c is None or r.shape != row.shape or r.env_key != block.env_key or r.status is not Status.OK
-                or not r.median_s or (r.median_s >= row.baseline_s and c.id != row.baseline) or gemm2_split(c.params)
+                or not r.median_s or (r.median_s >= base_s and c.id != row.baseline) or gemm2_split(c.params)
                 or any(k not in c.params for k in VLLM_KEYS)):
             continue
         if best is None or r.median_s < best[0].median_s:
@@ -145,12 +171,12 @@ def _fastest_shippable(store: Store, block: BlockReport, row: ShapeRow) -> Shape
         return None
     r, c = best
     is_baseline = c.id == row.baseline
-    return dataclasses.replace(row, winner=c.id, template=c.template, params=dict(c.params),
-                               best_s=row.baseline_s if is_baseline else r.median_s, best_p20_s=r.p20_s,
-                               best_p80_s=r.p80_s, best_samples=r.samples,
-                               speedup=1.0 if is_baseline else row.baseline_s / r.median_s, speedup_p20=None,
-                               speedup_p80=None, confirmed=False, pairs=0, significant=False,
-                               winner_is_baseline=is_baseline)
+    best_s = base_s if is_baseline else r.median_s
+    return dataclasses.replace(row, winner=c.id, template=c.template, params=dict(c.params), measured_by="search",
+                               baseline_s=base_s, best_s=best_s, best_p20_s=r.p20_s, best_p80_s=r.p80_s,
+                               best_samples=r.samples, speedup=base_s / best_s, speedup_p20=None, speedup_p80=None,
+                               search_best_s=best_s, search_speedup=base_s / best_s, pair_speedup=None,
+                               confirmed=False, pairs=0, significant=False, winner_is_baseline=is_baseline)
 
 
 def _file_names(layout: Layout, E: int, N: int, env: dict[str, Any], dtype: ConfigDtype) -> tuple[str, str | None]:

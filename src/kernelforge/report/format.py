@@ -55,6 +55,57 @@ def speedup_text(row: ShapeRow) -> str:
     return text
 
 
+def measured_text(row: ShapeRow) -> str:
+    """Which measurement a row's times and speedup come from: "2 pairs" or "search"."""
+    return f"{row.pairs} pairs" if row.measured_by == "pairs" else "search"
+
+
+def search_text(row: ShapeRow) -> str:
+    """The search's own single timings of a row measured by pairs ("1.2 ms -> 1.0 ms (1.200x)"),
+    labelled apart from the row's times; "same" when the row's figures are the search's."""
+    if row.measured_by != "pairs":
+        return "same"
+    return f"{fmt_time(row.search_baseline_s)} -> {fmt_time(row.search_best_s)} ({fmt_speedup(row.search_speedup)})"
+
+
+def baseline_spread_text(row: ShapeRow) -> str:
+    """A shape's baseline timings and their spread ("5 timings, 1.2 ms-1.5 ms, 1.25x"), or "1 timing"."""
+    times = row.baseline_timings
+    if len(times) < 2:
+        return f"{len(times)} timing" + ("" if len(times) == 1 else "s")
+    return f"{len(times)} timings, {fmt_time(min(times))}-{fmt_time(max(times))}, {row.baseline_spread:.2f}x"
+
+
+#: Launch parameters that cannot change the work Triton's CPU interpreter does (it runs each program
+#: alone, ignoring warps, pipelining stages, CTAs and register caps): a candidate that differs from
+#: another only in them does the same interpreter work, and their timings differ by noise.
+INTERPRETER_INERT = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+
+
+def inert_text(block: BlockReport) -> str:
+    """The sentence that marks the interpreter-inert parameters of an interpreter-timed block, or ""."""
+    if block.banner is None or block.banner.kind != "interpret":
+        return ""
+    names = [n for n in INTERPRETER_INERT if any(n in c.params for c in block.candidate_rows)]
+    if not names:
+        return ""
+    return (f"Interpreter: {', '.join(names)} cannot change the interpreter's work (it runs one program at a time "
+            "on the CPU); candidates that differ only in them do the same work, and their timings differ by noise "
+            "(marked \"same interpreter work\" below).")
+
+
+def same_work_as(block: BlockReport, params: dict[str, Any]) -> str | None:
+    """On an interpreter-timed block, the id of the block's baseline when ``params`` differ from the
+    baseline's point only in :data:`INTERPRETER_INERT` parameters (and are not the point itself)."""
+    if block.banner is None or block.banner.kind != "interpret":
+        return None
+    base = next((c for c in block.candidate_rows if c.id == block.baseline), None)
+    if base is None or params == base.params or set(params) != set(base.params):
+        return None
+    differ = {k for k in params if params[k] != base.params[k]}
+    return base.id if differ <= set(INTERPRETER_INERT) else None
+
+
 def roofline_cells(point: RooflinePoint | None, has_ceiling: bool) -> tuple[str, str, str]:
     """(FLOP rate, bandwidth, percent of roofline) cells of one timed result."""
     if not point:

@@ -17,7 +17,8 @@ from markupsafe import Markup
 from kernelforge.job import Tune
 from kernelforge.report import space_view, svg
 from kernelforge.report.compare import CompareBlock, Comparison
-from kernelforge.report.format import (baseline_ref, baselines_text, env_title, fmt_delta,
+from kernelforge.report.format import (baseline_ref, baseline_spread_text, baselines_text, env_title, fmt_delta,
+                                       inert_text, measured_text, same_work_as, search_text,
                                        fmt_joules, fmt_rate, fmt_speedup, fmt_time, params_text, roofline_cells)
 from kernelforge.report.moe_table import moe_tables
 from kernelforge.report.records import Banner, BlockReport, Confirmation, Report, Winner
@@ -75,7 +76,9 @@ def _env() -> Environment:
     env.filters.update(time=fmt_time, delta=fmt_delta, rate=fmt_rate, speedup=fmt_speedup, params=params_text,
                        joules=fmt_joules)
     env.globals.update(roofline_cells=roofline_cells, origin_colour=svg.origin_colour, env_title=env_title,
-                       baselines_text=baselines_text, baseline_ref=baseline_ref)
+                       baselines_text=baselines_text, baseline_ref=baseline_ref, measured_text=measured_text,
+                       search_text=search_text, baseline_spread_text=baseline_spread_text, inert_text=inert_text,
+                       same_work_as=same_work_as)
     env.globals.update(moe_tables=moe_tables)  # for _moe_table.html.j2
     return env
 

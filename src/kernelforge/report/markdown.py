@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 from typing import Sequence
 
-from kernelforge.report.format import (baseline_ref, baselines_text, fmt_delta, fmt_joules,
-                                       fmt_speedup, fmt_time, params_text, roofline_cells, speedup_text)
+from kernelforge.report.format import (baseline_ref, baseline_spread_text, baselines_text, fmt_delta, fmt_joules,
+                                       fmt_speedup, fmt_time, inert_text, measured_text, params_text, roofline_cells,
+                                       same_work_as, search_text, speedup_text)
 from kernelforge.report.llm_markdown import llm_markdown
 from kernelforge.report.moe_table import moe_markdown
 from kernelforge.report.pareto import front_markdown
@@ -70,19 +71,27 @@ def _block_markdown(block: BlockReport) -> list[str]:
     if block.baselines:
         lines.append(baselines_text(block) + " Each shape's speedup is over its own baseline.")
         lines.append("")
-    lines.append("| shape | baseline | best | speedup (p20-p80) | confirmed | winner | parameters |")
-    lines.append("|---|---|---|---|---|---|---|")
+    lines.append("Each row's baseline, best and speedup come from one measurement (`measured by`): the "
+                 "confirmation's interleaved pairs (their medians; speedup = baseline / best, spread = p20-p80 of "
+                 "the per-pair speedups) or the search's single timings. The search's timings of a row measured "
+                 "by pairs are in the last column.")
+    lines.append("")
+    lines.append("| shape | baseline | best | speedup (p20-p80) | measured by | confirmed | winner | parameters "
+                 "| search: baseline -> best (speedup) |")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
     for row in block.shapes:
         winner = "baseline" if row.winner_is_baseline else f"`{row.winner}` ({row.template})"
         confirmed = _confirmation_cell(row)
         base = " ".join(filter(None, (fmt_time(row.baseline_s), baseline_ref(block, row))))
         lines.append(
-            f"| {row.shape} | {base} | {fmt_time(row.best_s)} | {speedup_text(row)} | "
-            f"{confirmed} | {winner} | {params_text(row.params)} |"
+            f"| {row.shape} | {base} | {fmt_time(row.best_s)} | {speedup_text(row)} | {measured_text(row)} | "
+            f"{confirmed} | {winner} | {params_text(row.params)} | {search_text(row)} |"
         )
     lines.extend(_library_markdown(block))  # issue 11: the library reference line
     lines.extend(moe_markdown(block))  # default versus tuned per token count
     lines.extend(front_markdown(block.pareto))  # the time-energy Pareto front
+    if inert_text(block):
+        lines.extend(["", inert_text(block)])
     labels = sorted({r.timing_label for r in block.shapes if r.timing_label})
     if labels:
         lines.append("")
@@ -97,7 +106,8 @@ def _block_markdown(block: BlockReport) -> list[str]:
         for c in block.candidate_rows:
             lines.append(f"| {c.order} | `{c.id}` | {c.template} | {c.origin} | "
                          f"{('`' + c.parent + '`') if c.parent else '-'} | {c.status} | "
-                         f"{fmt_speedup(c.geomean_speedup)} | {params_text(c.params)} |")
+                         f"{fmt_speedup(c.geomean_speedup)} | {params_text(c.params)}"
+                         + (" (same interpreter work as the baseline)" if same_work_as(block, c.params) else "") + " |")
         lines.append("")
     for w in block.winners:
         lines.append(f"### Winner `{w.id}` against the baseline source")
@@ -150,11 +160,12 @@ def _library_markdown(block: BlockReport) -> list[str]:
     if not block.library:
         return []
     rows = {r.shape: r for r in block.shapes}
-    lines = ["", "| shape | library reference | library time | baseline vs library | best vs library |",
+    lines = ["", "| shape | library reference | library time | search's baseline vs library | search's best vs library |",
              "|---|---|---|---|---|"]
     for lib in block.library:
         row = rows.get(lib.shape)
-        base, best = (row.baseline_s, row.best_s) if row else (None, None)
+        # The search's timings: the library reference was timed beside them, not beside the pairs.
+        base, best = (row.search_baseline_s, row.search_best_s) if row else (None, None)
         lines.append(f"| {lib.shape} | {lib.implementation} | {fmt_time(lib.median_s)} | "
                      f"{fmt_speedup(lib.speedup_of(base))} | {fmt_speedup(lib.speedup_of(best))} |")
     return lines
@@ -165,10 +176,13 @@ def _baselines_markdown(block: BlockReport) -> list[str]:
     if not block.baselines:
         return []
     lines = [f"### Baselines of {block.block}", "",
-             "| shape | baseline | point | source | a speedup here is |", "|---|---|---|---|---|"]
+             "Timings: every stored timing of the shape's baseline (the search's and the baseline half of each "
+             "confirmation pair), fastest to slowest and their ratio: how far the baseline itself drifted.", "",
+             "| shape | baseline | point | source | timings | a speedup here is |", "|---|---|---|---|---|---|"]
     for row in block.shapes:
         lines.append(f"| {row.shape} | `{row.baseline}` | {params_text(row.baseline_params)} | "
-                     f"{' '.join(filter(None, (baseline_ref(block, row), row.baseline_source)))} | {row.claim} |")
+                     f"{' '.join(filter(None, (baseline_ref(block, row), row.baseline_source)))} | "
+                     f"{baseline_spread_text(row)} | {row.claim} |")
     lines.append("")
     return lines
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kernelforge.report.format import fmt_speedup, fmt_time, params_text
+from kernelforge.report.format import fmt_speedup, fmt_time, measured_text, params_text
 from kernelforge.report.records import BlockReport, ShapeRow
 
 #: The dimensions that, besides the token count T, name one fused_moe config file's shapes.
@@ -21,7 +21,8 @@ FAMILY_DIMS = ("E", "I", "H", "TOPK", "ROUTING")
 
 @dataclass(frozen=True)
 class TokenRow:
-    """One token count: the stored default (baseline) and tuned (winner) times and points."""
+    """One token count: the stored default (baseline) and tuned (winner) times and points, and
+    the speedup, all from the shape row's one measurement (``measured_by``)."""
 
     tokens: int
     shape: str
@@ -34,6 +35,7 @@ class TokenRow:
     tuned_is_default: bool
     tuned_params: dict
     default_params: dict
+    measured_by: str = "search"  # the row's times and speedup: "N pairs" (the confirmation) or "search"
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ def _token_row(r: ShapeRow) -> TokenRow:
     return TokenRow(tokens=int(r.dims["T"]), shape=r.shape, default_s=r.baseline_s, tuned_s=r.best_s,
                     speedup=r.speedup, speedup_p20=r.speedup_p20, speedup_p80=r.speedup_p80, confirmed=r.confirmed,
                     tuned_is_default=r.winner_is_baseline, tuned_params=dict(r.params),
-                    default_params=dict(r.baseline_params))
+                    default_params=dict(r.baseline_params), measured_by=measured_text(r))
 
 
 def moe_tables(block: BlockReport) -> tuple[MoeTable, ...]:
@@ -68,11 +70,11 @@ def moe_markdown(block: BlockReport) -> list[str]:
     for table in moe_tables(block):
         lines.extend(["", f"Default versus tuned per token count ({table.family}); default = the shape's stored "
                           "baseline (vLLM's get_default_config is not measured here):", "",
-                      "| tokens | default | tuned | speedup (p20-p80) | confirmed | tuned config |",
-                      "|---|---|---|---|---|---|"])
+                      "| tokens | default | tuned | speedup (p20-p80) | measured by | confirmed | tuned config |",
+                      "|---|---|---|---|---|---|---|"])
         for t in table.rows:
             spread = f" ({t.speedup_p20:.3f}-{t.speedup_p80:.3f})" if t.speedup_p20 is not None else ""
             config = "default kept" if t.tuned_is_default else params_text(t.tuned_params)
             lines.append(f"| {t.tokens} | {fmt_time(t.default_s)} | {fmt_time(t.tuned_s)} | {fmt_speedup(t.speedup)}"
-                         f"{spread} | {'yes' if t.confirmed else 'no'} | {config} |")
+                         f"{spread} | {t.measured_by} | {'yes' if t.confirmed else 'no'} | {config} |")
     return lines

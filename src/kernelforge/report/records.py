@@ -74,9 +74,17 @@ class Confirmation(str, Enum):
 class ShapeRow:
     """One shape of a block: the shape's baseline (``baseline``: its candidate id, rendered at the
     shape's baseline point ``baseline_params`` from ``baseline_source``), the winner of the shape's
-    study, and the speedup over that baseline with its p20-p80 spread (from the confirmation pairs
-    when ``confirmed``, else the timing bands). ``winner_is_baseline``: the winner is this shape's
-    baseline."""
+    study, and the speedup over that baseline with its p20-p80 spread.
+
+    One row, one measurement (``measured_by``): ``baseline_s``, ``best_s`` and ``speedup`` always
+    come from the same timings, and ``speedup == baseline_s / best_s``. ``"pairs"``: the
+    confirmation's interleaved pairs (times: the pairs' medians; p20-p80 of the times and of the
+    per-pair speedups; samples: the pairs). ``"search"``: the search's single measurement of each
+    (times and bands of the stored results; speedup spread from the two bands). The search's
+    figures are always kept apart as ``search_baseline_s``, ``search_best_s`` and
+    ``search_speedup``, and ``pair_speedup`` is the median of the per-pair speedups (the statistic
+    ``significant`` is decided on with the pairs' p20). ``winner_is_baseline``: the winner is this
+    shape's baseline."""
 
     shape: str
     dims: dict[str, Any]
@@ -112,6 +120,22 @@ class ShapeRow:
     #: What the speedup is over: ``over experts`` when the baseline is what serving engines ship
     #: for the shape (or as strong), else what it is (:func:`kernelforge.shipped.baseline_claim`).
     claim: str = ""
+    measured_by: str = "search"  # "pairs" (the confirmation) or "search": where the times and speedup come from
+    search_baseline_s: float | None = None
+    search_best_s: float | None = None
+    search_speedup: float | None = None
+    pair_speedup: float | None = None  # median of the per-pair speedups (None: not confirmed)
+    # Every stored timing of this shape's baseline: the search's, and the baseline half of every
+    # confirmation pair against it (whatever candidate was confirmed), in seconds.
+    baseline_timings: tuple[float, ...] = ()
+
+    @property
+    def baseline_spread(self) -> float | None:
+        """Slowest over fastest stored timing of the shape's baseline (None with fewer than two):
+        how far the baseline itself drifted while the search and its confirmations ran."""
+        if len(self.baseline_timings) < 2 or min(self.baseline_timings) <= 0:
+            return None
+        return max(self.baseline_timings) / min(self.baseline_timings)
 
     @property
     def is_moe(self) -> bool:

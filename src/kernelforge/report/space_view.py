@@ -2,14 +2,14 @@
 how much each parameter explains of the measured speedups (importance) and a parallel-coordinates
 chart of every measured candidate, drawn as inline SVG.
 
-Importance is a one-way analysis of variance per parameter: the candidates are grouped by the
-parameter's value, and the parameter's score is the share of the variance of log(geomean speedup)
-that lies between the groups (eta squared, between-group sum of squares over the total). The
-scores are then divided by their sum, so they add up to 1. log(speedup) = log(baseline time) -
-log(candidate time), so this is also the share of the variance of log(time). Parameters are not
+Importance is Optuna's, computed as optuna-dashboard computes it for the job's mirrored studies
+(``kernelforge dashboard``), so the report and the dashboard show one method: PED-ANOVA
+(:class:`optuna.importance.PedAnovaImportanceEvaluator`, its defaults) over the measured candidates,
+each a trial whose value is log(geomean speedup), maximised. PED-ANOVA asks which parameter values
+the best 10% of the trials concentrate on; with fewer than :data:`MIN_MEASURED` measured candidates
+that best 10% is a single trial, and the report gives no scores and says so. Parameters are not
 independent in a search (a sampler favours good regions), so the scores describe the stored
-candidates, not a controlled experiment. Fewer than :data:`MIN_MEASURED` measured candidates give
-no scores.
+candidates, not a controlled experiment.
 """
 
 from __future__ import annotations
@@ -23,20 +23,21 @@ from kernelforge.report.records import BlockReport, CandidateRow
 from kernelforge.report.svg import fit
 from kernelforge.space import is_number
 
-#: Below this many measured candidates no importance is computed.
-MIN_MEASURED = 4
+#: Below this many measured candidates no importance is computed: PED-ANOVA's best 10% must hold
+#: at least two trials.
+MIN_MEASURED = 20
 TOO_FEW = "too few measured candidates"
+METHOD = "Optuna's PED-ANOVA (PedAnovaImportanceEvaluator, as optuna-dashboard computes it)"
 FONT = "font-family:system-ui,-apple-system,'Segoe UI',Helvetica,Arial,sans-serif"
 CHAR_PX = 8.5  # a generous width of one character at 12px (capitals included), to keep labels inside
 
 
 @dataclass(frozen=True)
 class Importance:
-    """One parameter's share of the explained variance of log(speedup) (``share``: normalised, sums
-    to 1 over the block; ``eta2``: the raw between-group share) and how many values it took."""
+    """One parameter's importance by Optuna's PED-ANOVA (``share``: normalised by Optuna to sum to 1
+    over the block's parameters) and how many values it took among the measured candidates."""
 
     name: str
-    eta2: float
     share: float
     values: int
 
@@ -69,17 +70,26 @@ def _values(rows: Sequence[CandidateRow], name: str) -> list[Any]:
     return sorted(seen.values(), key=_sort_key)
 
 
-def eta_squared(groups: Sequence[Sequence[float]]) -> float:
-    """Between-group sum of squares over the total (0 when the values do not vary)."""
-    flat = [v for g in groups for v in g]
-    if len(flat) < 2:
-        return 0.0
-    mean = sum(flat) / len(flat)
-    total = sum((v - mean) ** 2 for v in flat)
-    if total <= 0:
-        return 0.0
-    between = sum(len(g) * (sum(g) / len(g) - mean) ** 2 for g in groups if g)
-    return between / total
+def optuna_importance(measured: Sequence[CandidateRow], names: Sequence[str]) -> dict[str, float]:
+    """Optuna's PED-ANOVA importance of ``names`` over the ``measured`` candidates (value:
+    log(geomean speedup), maximised), as optuna-dashboard calls it; parameters every candidate
+    shares. An in-memory study: nothing is written to the job's database."""
+    import warnings
+
+    import optuna
+    from optuna.distributions import CategoricalDistribution
+    from optuna.importance import PedAnovaImportanceEvaluator, get_param_importances
+
+    choices = {n: tuple(dict((repr(c.params[n]), c.params[n]) for c in measured).values()) for n in names}
+    distributions = {n: CategoricalDistribution(v) for n, v in choices.items()}
+    study = optuna.create_study(direction="maximize", storage=optuna.storages.InMemoryStorage())
+    for c in measured:
+        study.add_trial(optuna.trial.create_trial(params={n: c.params[n] for n in names},
+                                                  distributions=distributions, value=math.log(c.geomean_speedup)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Optuna's notes on target direction and equal importances
+        return dict(get_param_importances(study, target=lambda t: -t.value,
+                                          evaluator=PedAnovaImportanceEvaluator()))
 
 
 def space_view(block: BlockReport) -> SpaceView:
@@ -92,17 +102,17 @@ def space_view(block: BlockReport) -> SpaceView:
     winner = max(measured, key=lambda c: c.geomean_speedup).id if measured else None
     if len(measured) < MIN_MEASURED:
         return SpaceView(block=block.block, parameters=tuple(names), measured=measured, importance=(),
-                         note=f"{TOO_FEW} ({len(measured)}; importance needs at least {MIN_MEASURED})", winner=winner)
-    scores = []
-    for name in names:
-        groups: dict[str, list[float]] = {}
-        for c in measured:
-            groups.setdefault(repr(c.params.get(name)), []).append(math.log(c.geomean_speedup))
-        scores.append((name, eta_squared(list(groups.values())), len(groups)))
-    total = sum(s for _, s, _ in scores)
-    importance = tuple(sorted((Importance(name=n, eta2=s, share=s / total if total > 0 else 0.0, values=k)
-                               for n, s, k in scores), key=lambda i: -i.share))
+                         note=f"{TOO_FEW} ({len(measured)}; {METHOD} compares the best 10% with the rest and "
+                              f"needs at least {MIN_MEASURED})", winner=winner)
+    shared = [n for n in names if all(n in c.params for c in measured)]
+    scores = optuna_importance(measured, shared)
+    total = sum(scores.values())
+    importance = tuple(sorted((Importance(name=n, share=scores.get(n, 0.0), values=len({repr(c.params[n]) for c in measured}))
+                               for n in shared), key=lambda i: -i.share))
     note = "" if total > 0 else "the measured speedups do not vary with any parameter"
+    skipped = [n for n in names if n not in shared]
+    if skipped:
+        note = "; ".join(filter(None, (note, "not scored (not in every measured candidate): " + ", ".join(skipped))))
     return SpaceView(block=block.block, parameters=tuple(names), measured=measured, importance=importance,
                      note=note, winner=winner)
 
@@ -134,7 +144,7 @@ def importance_svg(view: SpaceView, width: int = 520) -> str:
         out.append(f'<text x="{label_w - 8:.0f}" y="{y + 13}" text-anchor="end">{escape(fit(imp.name, label_w - 12, CHAR_PX))}</text>')
         out.append(f'<rect x="{label_w:.0f}" y="{y}" width="{max(0.5, plot_w * imp.share):.1f}" height="{bar_h}" '
                    f'fill="#2563eb" fill-opacity="0.75"><title>{escape(imp.name)}: {imp.share:.0%} '
-                   f'(eta^2 {imp.eta2:.3f}, {imp.values} values)</title></rect>')
+                   f'(PED-ANOVA, {imp.values} values)</title></rect>')
         out.append(f'<text x="{label_w + plot_w * imp.share + 6:.1f}" y="{y + 13}">{imp.share:.0%}</text>')
     out.append("</svg>")
     return "\n".join(out)

@@ -58,9 +58,18 @@ def confirm(run: RunContext, top: int | None = None, *, deadline: float | None =
                     median, p20, p80 = quantiles(speedups)
                     done = Confirmation(job=run.job.name, block=block.id, shape=shape.name, dtype=run.dtype_name,
                                         candidate_id=candidate_id, baseline_id=baseline.id, env_key=run.env_key,
-                                        speedups=tuple(speedups), median=median, p20=p20, p80=p80)
+                                        speedups=tuple(float(s) for s in speedups), median=median, p20=p20, p80=p80,
+                                        pair_times=_pair_times(speedups))
                     run.store.add_confirmation(done)
                     outcome.setdefault(block.id, []).append(done)
                     run.progress.event("confirmed", block=block.id, shape=shape.name, candidate=candidate_id,
                                        median=median, p20=p20, p80=p80, winner=done.winner)
     return outcome
+
+
+def _pair_times(speedups: list[float]) -> tuple[tuple[float, float], ...]:
+    """The (baseline_s, candidate_s) of each pair when the executor reported them (every executor
+    that re-times does: :class:`kernelforge.execute.evaluate.PairSpeedup`), else ()."""
+    if not all(hasattr(s, "baseline_s") for s in speedups):
+        return ()
+    return tuple((s.baseline_s, s.candidate_s) for s in speedups)  # type: ignore[attr-defined]

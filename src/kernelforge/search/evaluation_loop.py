@@ -198,6 +198,7 @@ class EvaluationLoop:
 
     def _measure(self, item: _Pending) -> None:
         study = item.study
+        self.run.progress.event("measuring", block=study.block.id, candidate=item.candidate.id, params=item.point)
         results = self.pipeline.measure(study.block, item.candidate, study.shapes, item.compiled,
                                         study.template.deterministic)
         self.shares.finish(study, item.candidate)

@@ -1,6 +1,7 @@
 """Progress of a search: a live terminal view, JSON lines for scripts, or quiet.
 
-The search reports events (``start``, ``baseline``, ``evaluated``, ``duplicate``, ``infeasible``
+The search reports events (``start``, ``baseline``, ``measuring`` (a candidate whose measurement
+starts now), ``evaluated``, ``duplicate``, ``infeasible``
 (a candidate the compile rejected for the target's resources: no evaluation), ``confirmed``,
 ``end``); a progress object turns them into output and never influences the search. A
 ``baseline`` event comes per distinct baseline candidate of a block, with the shapes it is the
@@ -49,7 +50,8 @@ class JsonLinesProgress(Progress):
 
 class LiveProgress(Progress):
     """A rich table, redrawn as events arrive: evaluations done of budget, best speedup so far,
-    failures by kind and candidates per minute, per block."""
+    failures by kind and candidates per minute, per block; above it the elapsed time, an estimate
+    of what is left (the evaluations left at this run's pace so far) and the candidate being measured."""
 
     def __init__(self, console: Console | None = None):
         self.console = console or Console(highlight=False)
@@ -61,6 +63,8 @@ class LiveProgress(Progress):
         self.failures: dict[str, Counter[str]] = defaultdict(Counter)
         self.duplicates: Counter[str] = Counter()
         self.notes: list[str] = []
+        self.current = ""  # the candidate being measured
+        self.measured_since: float | None = None  # when this run's first measurement started
         self.live = Live(self._render(), console=self.console, refresh_per_second=4, transient=False)
         self.live.start()
 
@@ -70,7 +74,12 @@ class LiveProgress(Progress):
         if kind == "start":
             self.header = f"job {data['job']} on {data['device']} ({data['dtype']}, strategy {data['strategy']})"
             self.budget.update(data.get("budgets", {}))
+        elif kind == "measuring":
+            self.measured_since = self.measured_since or time.time()
+            params = " ".join(f"{k}={v}" for k, v in (data.get("params") or {}).items())
+            self.current = f"measuring {block} {data.get('candidate', '')} {params}".rstrip()
         elif kind == "evaluated":
+            self.current = ""
             self.done[block] += 1
             if data["status"] != "ok":
                 self.failures[block][data["status"]] += 1
@@ -103,11 +112,29 @@ class LiveProgress(Progress):
             best = self.best.get(block)
             table.add_row(block, f"{self.done[block]}/{self.budget[block]}", "-" if best is None else f"{best:.3f}x",
                           failures, str(self.duplicates[block]), f"{self.done[block] / minutes:.1f}")
-        return Group(table, *(Text(n) for n in self.notes[-8:]))
+        return Group(Text(self.clock()), table, *(Text(n) for n in self.notes[-8:]))
+
+    def clock(self) -> str:
+        """"elapsed 2m05s, about 3m10s left (6 evaluations); measuring BLOCK ID PARAMS": the estimate
+        is the evaluations left of the budgets at the pace of this run's measured ones (none yet: unknown)."""
+        now = time.time()
+        done, left = sum(self.done.values()), sum(max(0, self.budget[b] - self.done[b]) for b in self.budget)
+        text = f"elapsed {_duration(now - self.started)}"
+        if left and done and self.measured_since is not None:
+            text += f", about {_duration((now - self.measured_since) / done * left)} left ({left} evaluations)"
+        elif left:
+            text += f", {left} evaluations left"
+        return text + (f"; {self.current}" if self.current else "")
 
     def close(self) -> None:
         self.live.update(self._render())
         self.live.stop()
+
+
+def _duration(seconds: float) -> str:
+    """``"2m05s"``, or ``"42s"`` under a minute."""
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 def make_progress(mode: str) -> Progress:

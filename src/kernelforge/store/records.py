@@ -49,7 +49,9 @@ class StoredCompile:
 class Confirmation:
     """One interleaved re-timing of a candidate against the baseline of one shape, as the confirm
     step measures it (what :meth:`kernelforge.store.store.Store.add_confirmation` stores):
-    ``speedups`` holds baseline time / candidate time per pair; median, p20 and p80 summarise them."""
+    ``speedups`` holds baseline time / candidate time per pair; median, p20 and p80 summarise them;
+    ``pair_times`` the (baseline_s, candidate_s) of each pair (empty in confirmations stored before
+    issue 32)."""
 
     job: str
     block: str
@@ -62,6 +64,7 @@ class Confirmation:
     median: float
     p20: float
     p80: float
+    pair_times: tuple[tuple[float, float], ...] = ()
 
     @property
     def winner(self) -> bool:
@@ -69,7 +72,7 @@ class Confirmation:
         return self.p20 > 1.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StoredConfirmation(Confirmation):
     """A stored :class:`Confirmation`, with its row id and when it was stored."""
 
@@ -185,7 +188,9 @@ def compile_record(row: Mapping[str, Any]) -> StoredCompile:
 
 
 def confirmation_record(row: Mapping[str, Any]) -> StoredConfirmation:
-    return StoredConfirmation(**{**row, "speedups": tuple(json.loads(row["speedups"]))})
+    times = json.loads(row["pair_times"]) if row.get("pair_times") else []
+    return StoredConfirmation(**{**row, "speedups": tuple(json.loads(row["speedups"])),
+                                 "pair_times": tuple((float(b), float(c)) for b, c in times)})
 
 
 def template_record(row: Mapping[str, Any]) -> StoredTemplate:

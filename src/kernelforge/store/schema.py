@@ -108,6 +108,7 @@ confirmations_table = sa.Table(
     sa.Column("p20", sa.Float, nullable=False),
     sa.Column("p80", sa.Float, nullable=False),
     sa.Column("created", sa.Float, nullable=False),
+    sa.Column("pair_times", SafeText),  # JSON [[baseline_s, candidate_s], ...] per pair (ADDED_COLUMNS)
 )
 
 
@@ -211,7 +212,7 @@ finished_table = sa.Table(
 #: Tables added after schema version 1 without changing it: created on open when missing.
 ADDED_TABLES = (templates_table, llm_calls_table, workers_table, budgets_table, claims_table, finished_table)
 #: Columns added after schema version 1 (nullable, so older rows read None): added on open when missing.
-ADDED_COLUMNS = ((results_table, "host_launch_s"),)
+ADDED_COLUMNS = ((results_table, "host_launch_s"), (confirmations_table, "pair_times"))
 
 
 # One row per job while a search runs it: who holds it (host, pid and the process's start time, so

@@ -248,7 +248,7 @@ class Store:
     def add_confirmation(self, confirmation: Confirmation) -> None:
         """Store one interleaved re-timing of a candidate against the baseline on one shape."""
         row = {**dataclasses.asdict(confirmation), "speedups": json.dumps(list(confirmation.speedups)),
-               "created": time.time()}
+               "pair_times": json.dumps([list(p) for p in confirmation.pair_times]), "created": time.time()}
         with self.engine.begin() as conn:
             conn.execute(confirmations_table.insert(), redact_data(row))
         self.checkpoint()  # a confirmed winner: the .db file alone holds the job's results

@@ -1,0 +1,70 @@
+"""Issue 32's small command-line mistakes: each gets one line naming it, exit code 2, and nothing
+is created (no folder, no database, no template)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from kernelforge.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures" / "kernels"
+TOY_JOB = """
+[job]
+name = "toymistake"
+device = "interpret"
+dtype = "float16"
+storage = "sqlite:///{db}"
+
+[strategy]
+name = "random"
+evaluations = 1
+
+[[blocks]]
+id = "toy/axpy"
+shapes = "smoke"
+"""
+
+
+def invoke(*args: str, kernels: Path = FIXTURES):
+    return CliRunner().invoke(main, ["--kernels", str(kernels), *args], catch_exceptions=False)
+
+
+def _one_line(result) -> str:
+    """The one message (the console may wrap it at the terminal's width)."""
+    assert result.output.count("kernelforge:") == 1 and "Traceback" not in result.output, result.output
+    return " ".join(line.strip() for line in result.output.splitlines() if line.strip())
+
+
+def test_a_storage_folder_that_does_not_exist_is_refused_and_not_created(tmp_path):
+    job = tmp_path / "toy.toml"
+    job.write_text(TOY_JOB.format(db=tmp_path / "toy.db"))
+    missing = tmp_path / "nonexistent" / "deeper"
+    for command in ("search", "report"):
+        result = invoke(command, str(job), "--storage", f"sqlite:///{missing}/kf.db")
+        assert result.exit_code == 2
+        assert str(missing) in _one_line(result) and "does not exist" in result.output
+        assert not (tmp_path / "nonexistent").exists()
+    assert not (tmp_path / "toy.db").exists()
+
+
+def test_compare_with_itself_is_refused(tmp_path):
+    job = tmp_path / "toy.toml"
+    job.write_text(TOY_JOB.format(db=tmp_path / "toy.db"))
+    result = invoke("report", str(job), "--compare", str(job))
+    assert result.exit_code == 2 and "same storage" in _one_line(result)
+    assert not (tmp_path / "toy.db").exists() and not list(ROOT.glob("reports/compare-toymistake*"))
+
+
+def test_new_without_a_name_says_the_name_is_missing(tmp_path):
+    kernels = tmp_path / "kernels"
+    shutil.copytree(FIXTURES, kernels)
+    before = sorted(p.name for p in (kernels / "toy" / "axpy").iterdir())
+    result = invoke("new", "toy/axpy", kernels=kernels)
+    assert result.exit_code == 2
+    line = _one_line(result)
+    assert "NAME is missing" in line and "toy/axpy/NAME" in line and "unknown" not in line
+    assert sorted(p.name for p in (kernels / "toy" / "axpy").iterdir()) == before
