@@ -35,7 +35,6 @@ module with a ``run(**inputs, out)`` entry point (see :mod:`kernelforge.block`).
 
 from __future__ import annotations
 
-import functools
 import re
 import sys
 from dataclasses import dataclass, field
@@ -47,6 +46,8 @@ from jinja2 import meta
 
 from kernelforge.baselines import DEFAULT_SOURCE, BaselinePoint, BaselineRule, parse_rules, resolve
 from kernelforge.errors import TemplateError
+from kernelforge.limits import MAX_SOURCE_CHARS
+from kernelforge.render import BodyRefused, parse_body, render_body
 from kernelforge.space import Space
 
 if TYPE_CHECKING:
@@ -62,17 +63,6 @@ ROLES = ("baseline", "variant")
 ORIGINS = ("human", "llm")
 
 _HEADER = re.compile(r"\A\s*\{#-?(.*?)-?#\}", re.DOTALL)
-_ENV = jinja2.Environment(
-    undefined=jinja2.StrictUndefined,
-    keep_trailing_newline=True,
-    autoescape=False,
-)
-
-
-@functools.lru_cache(maxsize=256)
-def _compiled(text: str) -> jinja2.Template:
-    # Parsing dominates rendering (about 1 ms a render for the shipped templates before caching).
-    return _ENV.from_string(text)
 
 
 @dataclass(frozen=True)
@@ -111,7 +101,12 @@ class Template:
     def from_text(
         cls, text: str, *, template_id: str, block_id: str, where: str, path: Path | None = None
     ) -> "Template":
-        """Parse template source ``text``; ``where`` names it in error messages."""
+        """Parse template source ``text``; ``where`` names it in error messages. The body is
+        parsed by :func:`kernelforge.render.parse_body` (the sandboxed template language); a text
+        over :data:`~kernelforge.limits.MAX_SOURCE_CHARS` is refused before anything else."""
+        if len(text) > MAX_SOURCE_CHARS:
+            raise TemplateError(f"{where}: the template has {len(text)} characters, over the limit of "
+                                f"{MAX_SOURCE_CHARS} (MAX_SOURCE_CHARS)")
         match = _HEADER.match(text)
         if not match:
             raise TemplateError(
@@ -156,9 +151,11 @@ class Template:
             raise TemplateError(f'{where} [[baselines]]: only a role = "baseline" template has per-shape '
                                 f"baselines; remove the rules or make this the block's baseline template")
         try:
-            parsed = _ENV.parse(text)
+            parsed = parse_body(text)
         except jinja2.TemplateSyntaxError as exc:
             raise TemplateError(f"{where}:{exc.lineno}: Jinja syntax error: {exc.message}") from None
+        except BodyRefused as exc:
+            raise TemplateError(f"{where}:{exc.lineno}: {exc.message}") from None
         used = meta.find_undeclared_variables(parsed)
         declared = set(space.names)
         if used != declared:
@@ -189,7 +186,7 @@ class Template:
         if problems:
             raise TemplateError(f"template {self.id}: {'; '.join(problems)}")
         try:
-            return _compiled(self.text).render(**point)
+            return render_body(self.text, point)
         except jinja2.TemplateError as exc:
             raise TemplateError(f"template {self.id}: rendering failed: {exc}") from None
         except Exception as exc:  # the template's own expressions ({{ 1 // X }} at X = 0, ...)
