@@ -169,6 +169,10 @@ class Block(ABC):
     #: Whether timing restores the in-place inputs from a copy before every timed call (the
     #: restore is not timed), so every timed call does the same work on the same values.
     inplace_reset: bool = True
+    #: Whether two calls on the same inputs must give bit-identical outputs (verification call 2).
+    #: A block whose honest kernels use floating-point atomics sets False (then within tolerance).
+    #: This is the block's rule: no template header can change it (issue 29).
+    deterministic: bool = True
 
     def __init__(self, block_id: str):
         self.id = block_id

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -61,6 +61,13 @@ else:  # pragma: no cover - exercised on 3.10 only
 TEMPLATE_SUFFIX = ".py.j2"
 ROLES = ("baseline", "variant")
 ORIGINS = ("human", "llm")
+#: The keys ``[template]`` may set; any other key is refused with its name.
+TEMPLATE_KEYS = ("role", "origin", "description", "constraints", "baseline_source")
+#: Keys that would set a rule of the judge (EVALUATION.md): refused with a message saying where
+#: that rule comes from. Determinism is :attr:`kernelforge.block.Block.deterministic`; tolerances,
+#: held-out shapes and seeds are the block's and the harness's.
+JUDGE_KEYS = ("deterministic", "tolerance", "tolerances", "rtol", "atol", "rel_norm", "held_out", "check_shapes",
+              "shapes", "seed", "verify", "trusted")
 
 _HEADER = re.compile(r"\A\s*\{#-?(.*?)-?#\}", re.DOTALL)
 
@@ -82,7 +89,6 @@ class Template:
     role: str = "variant"
     origin: str = "human"
     description: str = ""
-    deterministic: bool = True
     path: Path | None = field(default=None, compare=False)
     baseline_source: str = DEFAULT_SOURCE
     baseline_rules: tuple[BaselineRule, ...] = ()
@@ -118,6 +124,7 @@ class Template:
         except tomllib.TOMLDecodeError as exc:
             raise TemplateError(f"{where}: header is not valid TOML ({exc})") from None
         info = header.get("template", {})
+        _check_keys(info, where)
         unknown_tables = sorted(set(header) - {"template", "space", "baseline", "baselines"})
         if unknown_tables:
             raise TemplateError(f"{where}: unknown header table(s) {', '.join(unknown_tables)}; "
@@ -174,11 +181,18 @@ class Template:
             role=role,
             origin=origin,
             description=str(info.get("description", "")),
-            deterministic=bool(info.get("deterministic", True)),
             path=path,
             baseline_source=baseline_source,
             baseline_rules=rules,
         )
+
+    def as_proposed(self) -> "Template":
+        """This template as a proposer's (the LLM's) template: a ``variant`` of origin ``llm``
+        whatever its header says, with no per-shape baselines (``[[baselines]]``,
+        ``baseline_source``): role, origin and baselines are facts of the project, never a
+        proposer's claims, and a proposed template's ``[baseline]`` is only where its search
+        starts. Speedups are always measured against the block's own baseline template."""
+        return replace(self, role="variant", origin="llm", baseline_rules=(), baseline_source=DEFAULT_SOURCE)
 
     def render(self, point: Mapping[str, Any]) -> str:
         """The module source at ``point``; raises TemplateError naming what is wrong with it."""
@@ -203,3 +217,17 @@ class Template:
         Raises TemplateError naming the rule and the shape when a rule cannot be resolved there."""
         return resolve(self.baseline_rules, shape, self.space, self.baseline, self.baseline_source,
                        str(self.path or self.id))
+
+
+def _check_keys(info: Any, where: str) -> None:
+    """Refuse a ``[template]`` key that is not in :data:`TEMPLATE_KEYS`, naming it; a key of
+    :data:`JUDGE_KEYS` says that rule is not a template's to set."""
+    if not isinstance(info, dict):
+        return  # reported as "[template] must be a table" by the caller
+    for key in info:
+        if key in JUDGE_KEYS:
+            raise TemplateError(f"{where} [template] {key}: the judge's rules (determinism, tolerances, held-out "
+                                "shapes, baselines) come from the block and the project, never from a template "
+                                f"header; remove {key}")
+        if key not in TEMPLATE_KEYS:
+            raise TemplateError(f"{where} [template] {key}: unknown key; [template] takes {', '.join(TEMPLATE_KEYS)}")

@@ -66,7 +66,6 @@ def evaluate(
     dtype: torch.dtype,
     device: Device,
     *,
-    deterministic: bool = True,
     timed: bool = True,
     stop_at_first_failure: bool = False,
     held_out: Sequence[Shape] = (),
@@ -150,7 +149,7 @@ def evaluate(
         # One poisoned call on fresh inputs catches shape hard-coding; the three-call protocol
         # (determinism, caches) runs on the timed shapes.
         verdict = verify_shape(block, entry, shape, dtype, device.torch_device, seed=101 + index,
-                               deterministic=deterministic, calls=1)
+                               calls=1)
         bad = tampered(f"while verifying {shape.name}")
         if bad is not None:
             return fail_all(bad)
@@ -158,8 +157,7 @@ def evaluate(
             return fail_all(dataclasses.replace(verdict, message=f"{HELD_OUT_FLAG} {verdict.message}"[:2000]))
     for index, shape in enumerate(shapes):
         step(shape.name)
-        verdict = verify_shape(block, entry, shape, dtype, device.torch_device, seed=index,
-                               deterministic=deterministic)
+        verdict = verify_shape(block, entry, shape, dtype, device.torch_device, seed=index)
         timing = None
         if verdict.ok and timed:
             verdict, timing = _time_and_recheck(block, entry, shape, dtype, device, counts[shape.name], verdict,

@@ -53,10 +53,10 @@ class InProcessExecutor:
         return {**self.device.describe(), "sandbox": IN_PROCESS_SANDBOX}
 
     def evaluate(self, block: Block, source: str, shapes: list[Shape], dtype: torch.dtype, *,
-                 deterministic: bool = True, plan: TimingPlan | None = None) -> list[Evaluation]:
+                 plan: TimingPlan | None = None) -> list[Evaluation]:
         """Verify and time ``source`` on ``shapes`` (see :func:`~kernelforge.execute.evaluate.evaluate`)."""
         extra = held_out_shapes(block, shapes, source, self.device.name) if self.held_out else []
-        return evaluate(block, source, shapes, dtype, self.device, deterministic=deterministic, held_out=extra,
+        return evaluate(block, source, shapes, dtype, self.device, held_out=extra,
                         policy=self.policy, runner=LocalRunner(self.device), plan=plan)
 
     def pair_speedups(self, block: Block, baseline_source: str, candidate_source: str, shape: Shape,

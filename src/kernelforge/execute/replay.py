@@ -85,7 +85,7 @@ class ReplayExecutor:
                    if row is not None and row.ok and row.median_s is not None)
 
     def evaluate(self, block: Block, source: str, shapes: list[Shape], dtype, *,
-                 deterministic: bool = True, plan=None) -> list[Evaluation]:
+                 plan=None) -> list[Evaluation]:
         """The recorded evaluations of the candidate whose source is ``source`` (looked up by its
         source's hash), one per shape. ``plan`` (a timing plan) is ignored: nothing
         is timed, the recorded methods are replayed."""

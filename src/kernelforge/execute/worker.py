@@ -202,7 +202,7 @@ class WorkerExecutor:
         return runner
 
     def evaluate(self, block: Block, source: str, shapes: list[Shape], dtype: torch.dtype, *,
-                 deterministic: bool = True, plan: TimingPlan | None = None) -> list[Evaluation]:
+                 plan: TimingPlan | None = None) -> list[Evaluation]:
         """Verify and time ``source`` on ``shapes``, the candidate running in the worker and the
         verdict made here: one :class:`~kernelforge.result.Evaluation` per shape, in order,
         whatever happens to the worker (see the module docstring). A block that breaks its
@@ -225,7 +225,7 @@ class WorkerExecutor:
 
         self._busy = True
         try:
-            evaluate(block, source, shapes, dtype, self.device, deterministic=deterministic, held_out=extra,
+            evaluate(block, source, shapes, dtype, self.device, held_out=extra,
                      runner=runner, on_result=keep, plan=plan)
             retire = runner.release()
         except WorkerGone as exc:

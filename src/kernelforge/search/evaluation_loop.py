@@ -198,8 +198,7 @@ class EvaluationLoop:
 
     def _measure(self, item: _Pending) -> None:
         study = item.study
-        results = self.pipeline.measure(study.block, item.candidate, study.shapes, item.compiled,
-                                        study.template.deterministic)
+        results = self.pipeline.measure(study.block, item.candidate, study.shapes, item.compiled)
         self.shares.finish(study, item.candidate)
         ordered = [results[s.name] for s in study.shapes]
         reason = self.pipeline.infeasible(item.candidate, ordered)
