@@ -48,7 +48,8 @@ import torch
 
 from kernelforge.block import Block, Shape
 from kernelforge.errors import UserError
-from kernelforge.execute.evaluate import evaluate, held_out_shapes, pair_speedups
+from kernelforge.execute.evaluate import evaluate, pair_speedups
+from kernelforge.execute.held_out import HeldOutDraw
 from kernelforge.execute.policy import check_source
 from kernelforge.execute.sandbox import default_memory_limit, sandbox_plan
 from kernelforge.execute.timing import TimingPlan
@@ -112,13 +113,15 @@ class WorkerExecutor:
 
     def __init__(self, device: Any, *, compile_timeout: float | None = None, run_timeout: float | None = None,
                  startup_timeout: float = STARTUP_TIMEOUT, memory_limit: int | None = None, policy: bool = True,
-                 held_out: bool = True, extra_secrets: tuple[str, ...] = (), threads: int | None = None):
+                 held_out: bool = True, extra_secrets: tuple[str, ...] = (), threads: int | None = None,
+                 held_out_seed: int | None = None):
         self.device = device
         self.compile_timeout = _seconds("KERNELFORGE_COMPILE_TIMEOUT", COMPILE_TIMEOUT) if compile_timeout is None \
             else compile_timeout
         self.run_timeout = _seconds("KERNELFORGE_RUN_TIMEOUT", RUN_TIMEOUT) if run_timeout is None else run_timeout
         self.policy = policy
-        self.held_out = held_out
+        #: the run's held-out draws (None: no held-out shapes); its seed is in :meth:`describe`
+        self.held_out = HeldOutDraw(held_out_seed) if held_out else None
         if memory_limit is None:
             memory_limit = default_memory_limit()
         #: bytes of address space the worker may use; None on cuda (see the sandbox)
@@ -148,7 +151,8 @@ class WorkerExecutor:
     def describe(self) -> dict[str, Any]:
         """The device's environment (name, versions, timing method) results are stored under, and
         the OS sandbox the worker applies (``sandbox``)."""
-        return {**self.device.describe(), "sandbox": sandbox_plan().label}
+        return {**self.device.describe(), "sandbox": sandbox_plan().label,
+                **({"held_out_seed": self.held_out.seed} if self.held_out else {})}
 
     @property
     def alive(self) -> bool:
@@ -213,7 +217,7 @@ class WorkerExecutor:
             if not report.ok:
                 verdict = Verification(Status.REJECTED, message=report.message())
                 return [Evaluation(s, verdict, counts[s.name]) for s in shapes]
-        extra = held_out_shapes(block, shapes, source, self.device.name) if self.held_out else []
+        extra = self.held_out.draw(block, shapes, self.device.name) if self.held_out else []
         process = self._ensure(_block_root(block))
         runner = self._runner(process)
         results: dict[str, Evaluation] = {}
@@ -243,6 +247,10 @@ class WorkerExecutor:
         verdict = Verification(Status.RUNTIME_ERROR, message=f"not run: the worker was retired ({retire})")
         return _complete(shapes, results, counts, verdict, first_only=True)
 
+    def _confirmation_draw(self, block: Block, shape: Shape) -> list[Shape]:
+        """A new held-out draw for confirming a candidate on ``shape`` (none without held-out shapes)."""
+        return self.held_out.draw(block, [shape], self.device.name) if self.held_out else []
+
     def pair_speedups(self, block: Block, baseline_source: str, candidate_source: str, shape: Shape,
                       dtype: torch.dtype, pairs: int) -> list[float]:
         """Interleaved baseline/candidate speedups on one shape, timed in the worker and checked
@@ -255,7 +263,7 @@ class WorkerExecutor:
         self._busy = True
         try:
             speedups = pair_speedups(block, baseline_source, candidate_source, shape, dtype, self.device, pairs,
-                                     runner=runner)
+                                     runner=runner, held_out=self._confirmation_draw(block, shape))
             retire = runner.release()
         except WorkerGone:
             self._busy = False
