@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from kernelforge.textsafe import has_control
+
 #: The most characters a template's text or a candidate's source may have (the largest shipped
 #: template is about 27 kB). A larger one is refused before it is parsed.
 MAX_SOURCE_CHARS = 256 * 1024
@@ -72,3 +74,16 @@ def bounded_arithmetic(symbol: str, left: object, right: object, apply: Callable
     if isinstance(result, _SEQUENCE) and len(result) > MAX_RENDER_CHARS:
         raise LimitExceeded(f"a value of {len(result)} items is over the limit of {MAX_RENDER_CHARS}")
     return result
+
+
+def source_problem(source: str) -> tuple[int, str]:
+    """(line, why) a candidate's source is refused before it is parsed (why empty: it is not): over
+    :data:`MAX_SOURCE_CHARS`, or holding a control character other than newline and tab (an ANSI
+    escape in a string would reach a terminal; a bidirectional override makes code read
+    differently from what it does)."""
+    if len(source) > MAX_SOURCE_CHARS:
+        return 0, f"the source has {len(source)} characters, over the limit of {MAX_SOURCE_CHARS} (MAX_SOURCE_CHARS)"
+    if has_control(source):
+        line = next(i for i, text in enumerate(source.split("\n"), 1) if has_control(text))
+        return line, "the source holds a control character (an escape, a bidirectional override...)"
+    return 0, ""

@@ -59,8 +59,12 @@ class InProcessExecutor:
                  plan: TimingPlan | None = None) -> list[Evaluation]:
         """Verify and time ``source`` on ``shapes`` (see :func:`~kernelforge.execute.evaluate.evaluate`)."""
         extra = self.held_out.draw(block, shapes, self.device.name) if self.held_out else []
-        return evaluate(block, source, shapes, dtype, self.device, held_out=extra,
-                        policy=self.policy, runner=LocalRunner(self.device), plan=plan)
+        runner = LocalRunner(self.device)
+        try:
+            return evaluate(block, source, shapes, dtype, self.device, held_out=extra,
+                            policy=self.policy, runner=runner, plan=plan)
+        finally:
+            runner.release()  # the next candidate starts from Triton's defaults
 
     def pair_speedups(self, block: Block, baseline_source: str, candidate_source: str, shape: Shape,
                       dtype: torch.dtype, pairs: int) -> list[float]:

@@ -25,7 +25,7 @@ import ast
 import builtins
 from kernelforge.execute import allowlist as allowed
 from kernelforge.execute.violation import PolicyReport, Violation
-from kernelforge.limits import MAX_SOURCE_CHARS
+from kernelforge.limits import source_problem
 
 
 def _is_dunder(name: str) -> bool:
@@ -378,10 +378,11 @@ class _Checker(ast.NodeVisitor):
 def check_source(source: str) -> PolicyReport:
     """Check a candidate's source against the allowlist without importing or running any of it.
     A source that does not parse is one violation (the compile step reports the syntax error in
-    detail); one over :data:`~kernelforge.limits.MAX_SOURCE_CHARS` is refused before it is parsed."""
-    if len(source) > MAX_SOURCE_CHARS:
-        return PolicyReport((Violation(0, f"the source has {len(source)} characters, over the limit of "
-                                          f"{MAX_SOURCE_CHARS} (MAX_SOURCE_CHARS)"),))
+    detail); one over :data:`~kernelforge.limits.MAX_SOURCE_CHARS`, or holding a control character,
+    is refused before it is parsed (:func:`~kernelforge.limits.source_problem`)."""
+    line, problem = source_problem(source)
+    if problem:
+        return PolicyReport((Violation(line, problem),))
     try:
         tree = ast.parse(source)
     except SyntaxError as exc:
