@@ -53,3 +53,24 @@ def test_the_worker_resets_the_allocator_when_a_candidates_session_ends():
     session = worker_serve.WorkerSession(InterpretDevice(), None, lambda: None)
     assert session.handle(("release",)) == {"kind": "released", "retire": None}
     assert _allocator() is _allocation._NULL_ALLOCATOR
+
+
+def test_a_worker_left_holding_a_candidates_memory_is_retired(monkeypatch):
+    """Issue 29: a candidate that keeps memory alive in its module (here 40 MB more on every call) would
+    shrink every later candidate's limit in a long-lived worker: the trusted side reads the
+    worker's resident memory after each candidate and retires a worker that grew too much."""
+    from kernelforge.execute import worker as worker_module
+    from kernelforge.execute.worker import WorkerExecutor
+
+    monkeypatch.setattr(worker_module, "RETIRE_MEMORY_GROWTH", 150 * 2**20)
+    hog = "import torch\n" + HONEST.replace("def run(x, y, alpha, out):\n", "_KEEP = []\n\n\ndef run(x, y, alpha, out):\n"
+                                            "    _KEEP.append(torch.ones(10 * 2**20, dtype=torch.float32))\n")
+    shapes = AXPY.shapes("smoke")[:1]
+    with WorkerExecutor(InterpretDevice(warmup=0, repeats=1), held_out=False, run_timeout=120) as executor:
+        [ev] = executor.evaluate(AXPY, HONEST, shapes, torch.float16)
+        [ev] = executor.evaluate(AXPY, HONEST, shapes, torch.float16)
+        assert ev.status is Status.OK and executor.starts == 1, ev.verification.message
+        [ev] = executor.evaluate(AXPY, hog, shapes, torch.float16)
+        assert ev.status is Status.OK, ev.verification.message  # right, and 40 MB heavier per call
+        [ev] = executor.evaluate(AXPY, HONEST, shapes, torch.float16)
+        assert ev.status is Status.OK and executor.starts == 2  # the next candidate got a fresh worker

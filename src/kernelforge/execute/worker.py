@@ -48,6 +48,7 @@ import torch
 
 from kernelforge.block import Block, Shape
 from kernelforge.errors import UserError
+from kernelforge.execute.cputime import resident_bytes
 from kernelforge.execute.evaluate import evaluate, pair_speedups
 from kernelforge.execute.held_out import HeldOutDraw
 from kernelforge.execute.policy import check_source
@@ -65,6 +66,9 @@ COMPILE_TIMEOUT = 120.0
 #: timed shape. Interpreter shapes of the shipped blocks take 0.3-3 s per step, GPU ones well
 #: under a minute.
 RUN_TIMEOUT = 300.0
+#: Resident memory a worker may gain while serving candidates before it is retired (issue 29: a
+#: candidate kept 8 GiB alive in a module and the next candidates ran under what was left).
+RETIRE_MEMORY_GROWTH = 2 * 2**30
 
 
 def _seconds(variable: str, default: float) -> float:
@@ -136,6 +140,7 @@ class WorkerExecutor:
         self._busy = False
         #: workers started so far (tests and progress read it)
         self.starts = 0
+        self._rss_at_start: int | None = None  # the worker's resident memory when it started
 
     # -- the executor protocol ---------------------------------------------------------------------
 
@@ -174,7 +179,20 @@ class WorkerExecutor:
                 self._kill()
             self.starts += 1
             self._process.start()
+            pid = self._process.pid
+            self._rss_at_start = None if pid is None else resident_bytes(pid)
         return self._process
+
+    def _holds_memory(self) -> str | None:
+        """Why the worker must retire because of the memory a candidate left alive in it (None:
+        it need not): its resident memory grew by over :data:`RETIRE_MEMORY_GROWTH` since it
+        started, read from ``/proc`` here. A fresh worker then serves the next candidate, so the
+        memory limit is each candidate's own."""
+        pid, start = self._process.pid, self._rss_at_start
+        now = None if pid is None else resident_bytes(pid)
+        if start is None or now is None or now - start <= RETIRE_MEMORY_GROWTH:
+            return None
+        return f"it holds {(now - start) / 2**30:.1f} GiB more than when it started"
 
     def _kill(self) -> None:
         self._process.kill()
@@ -231,7 +249,7 @@ class WorkerExecutor:
         try:
             evaluate(block, source, shapes, dtype, self.device, held_out=extra,
                      runner=runner, on_result=keep, plan=plan)
-            retire = runner.release()
+            retire = runner.release() or self._holds_memory()
         except WorkerGone as exc:
             self._busy = False
             verdict = Verification(Status(exc.status), message=str(exc)[:2000])
