@@ -9,7 +9,8 @@ call, outside the timed region (:meth:`kernelforge.devices.base.Device.time`):
 - one value of each floating-point input changes (:func:`touch_inputs`), so identical inputs never
   come back and a cache keyed on the input values never hits (EVALUATION.md #4);
 - every output gets fresh poison, exactly as before a verification call, so a candidate that
-  skips the work when its output does not arrive poisoned is left with poison;
+  skips the work when its output does not arrive poisoned is left with poison; the first call
+  after a preparation runs on the set just prepared, whatever index the device's loop gives;
 - after each call the trusted side chose to verify (every call of the round in the interpreter;
   on a GPU one warm-up call it drew at random, so the candidate cannot know it), the outputs and
   in-place inputs of that call are copied aside, at the next preparation (or when timing ends),
@@ -106,6 +107,7 @@ class _Round:
         self.pending: tuple[int, int] | None = None  # (slot, input set) made, not yet copied
         self.copied: list[int | None] = [None] * len(job.verified)
         self.last: tuple[int, int] | None = None  # (preparation, input set) of a call not yet counted
+        self.fresh: int | None = None  # the input set prepared since the last call
 
     def settle(self) -> None:
         """Copy the verified call aside and count what the latest call left unwritten (outside
@@ -138,10 +140,15 @@ class _Round:
         if self.armed is not None and self.armed < len(self.job.inplace_before):
             for name, buffer in self.job.inplace_before[self.armed].items():
                 buffer.copy_(args[name])
-        self.index = index
+        self.index, self.fresh = index, which
         self.prepared = max(self.prepared, index + 1)
 
     def call(self, which: int) -> None:
+        if self.fresh is not None:
+            # The first call after a preparation runs on the set just prepared, whichever set the
+            # device's loop index names (CudaDevice's later loops restart their index while the
+            # preparations go on counting): a call never finds a set it did not poison and touch.
+            which, self.fresh = self.fresh, None
         self.run(**self.job.sets[which])
         if self.armed is not None:
             self.pending, self.armed = (self.armed, which), None
