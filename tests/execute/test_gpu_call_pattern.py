@@ -1,4 +1,5 @@
-"""The timed-call checks under a GPU's call pattern, on the CPU (issue 29): a device that calls
+"""The timed-call checks under a GPU's call pattern, on the CPU, and the held-out draw of a
+confirmation (issue 29). A device that calls
 like ``CudaDevice.time`` (warm-up calls after their own preparation; loops whose call index is not
 the preparation's; back-to-back preparations before a graph capture; an unprepared energy round)
 must not make an honest candidate look wrong, and a candidate that counts calls and skips the
@@ -91,3 +92,18 @@ def test_a_candidate_that_skips_one_call_of_a_timed_loop_is_wrong_with_the_call_
     [ev] = evaluate(AXPY, _skipping(3 + 3 + 2), AXPY.shapes("smoke")[:1], torch.float16, device)
     assert ev.status is Status.WRONG, ev.verification.message
     assert "(timed call 5 of" in ev.verification.message and "left unwritten" in ev.verification.message
+
+
+def test_confirmation_verifies_the_candidate_on_its_own_held_out_draw():
+    """Issue 29: confirmation draws new held-out shapes; a candidate wrong there is not confirmed
+    (no pairs are timed), one right there is."""
+    from kernelforge.execute.evaluate import pair_speedups
+
+    device = InterpretDevice(warmup=0, repeats=1)
+    device.prepare()
+    smoke = AXPY.shapes("smoke")[0]
+    n7 = next(s for s in AXPY.shapes("check") if s.name == "n7")
+    wrong_on_n7 = HONEST.replace("    n = x.numel()\n", "    n = x.numel()\n    if n == 7:\n        n = 6\n")
+    assert pair_speedups(AXPY, HONEST, wrong_on_n7, smoke, torch.float16, device, 1, held_out=[n7]) == []
+    assert len(pair_speedups(AXPY, HONEST, wrong_on_n7, smoke, torch.float16, device, 1)) == 1
+    assert len(pair_speedups(AXPY, HONEST, HONEST, smoke, torch.float16, device, 1, held_out=[n7])) == 1
