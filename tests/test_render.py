@@ -106,6 +106,15 @@ def test_a_header_expression_is_bounded(constraint, fragment):
     assert fragment in str(err.value), str(err.value)
 
 
+def test_a_model_answer_with_an_unbounded_constraint_is_an_invalid_template_not_a_crash():
+    from kernelforge.llm.parse import parse_answer
+
+    text = HEADER.replace("CONSTRAINTS", '["7 ** 7 ** 9 > A"]') + "{{ A }}\n"
+    parsed = parse_answer(f"```\n{text}```\n", "toy/axpy")
+    assert parsed.kind.value == "invalid_template" and "over the limit of 64" in parsed.message
+    assert "answer [space]" in parsed.message
+
+
 def test_space_constraints_use_the_same_bounded_evaluator():
     space = Space.build({"A": [1, 2]}, ["A ** 100 > 0"], where="job")
     with pytest.raises(UserError, match="exponent 100 is over the limit"):

@@ -66,6 +66,7 @@ class Expression:
                  functions: Mapping[str, Callable[..., Any]] = SAFE_FUNCTIONS):
         self.text = text
         self.what = what
+        self.where = where
         self.functions = dict(functions)
         if len(text) > MAX_EXPRESSION_CHARS:
             raise UserError(f"{where}: {what} of {len(text)} characters is over the limit of {MAX_EXPRESSION_CHARS} "
@@ -113,7 +114,7 @@ class Expression:
         try:
             return _evaluate(self._tree, values, self.functions)
         except LimitExceeded as exc:
-            raise UserError(f"{self.what} {self.text!r}: {exc}") from None
+            raise UserError(f"{self.where}: {self.what} {self.text!r}: {exc}") from None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.text!r})"

@@ -45,7 +45,7 @@ import jinja2
 from jinja2 import meta
 
 from kernelforge.baselines import DEFAULT_SOURCE, BaselinePoint, BaselineRule, parse_rules, resolve
-from kernelforge.errors import TemplateError
+from kernelforge.errors import TemplateError, UserError
 from kernelforge.limits import MAX_SOURCE_CHARS
 from kernelforge.render import BodyRefused, parse_body, render_body
 from kernelforge.space import Space
@@ -138,9 +138,9 @@ class Template:
         if not isinstance(constraints, list) or not all(isinstance(c, str) for c in constraints):
             raise TemplateError(f'{where} [template] constraints: must be a list of expressions, e.g. '
                                 f'constraints = ["BLOCK_N <= BLOCK_M"]')
-        space = Space.build(header["space"], constraints, where=f"{where} [space]")
+        space = _as_template_error(Space.build, header["space"], constraints, where=f"{where} [space]")
         baseline = dict(header.get("baseline", {}))
-        problems = space.problems(baseline)
+        problems = _as_template_error(space.problems, baseline)
         if problems:
             raise TemplateError(f"{where} [baseline]: {'; '.join(problems)}")
         role = info.get("role", "variant")
@@ -153,7 +153,8 @@ class Template:
         if not isinstance(baseline_source, str) or not baseline_source.strip():
             raise TemplateError(f'{where} [template] baseline_source: must be a non-empty string naming where '
                                 f'[baseline] comes from, e.g. baseline_source = "vLLM get_default_config"')
-        rules = parse_rules(header["baselines"], space, baseline, where) if "baselines" in header else ()
+        rules = _as_template_error(parse_rules, header["baselines"], space, baseline, where) \
+            if "baselines" in header else ()
         if rules and role != "baseline":
             raise TemplateError(f'{where} [[baselines]]: only a role = "baseline" template has per-shape '
                                 f"baselines; remove the rules or make this the block's baseline template")
@@ -196,7 +197,7 @@ class Template:
 
     def render(self, point: Mapping[str, Any]) -> str:
         """The module source at ``point``; raises TemplateError naming what is wrong with it."""
-        problems = self.space.problems(point)
+        problems = _as_template_error(self.space.problems, point)
         if problems:
             raise TemplateError(f"template {self.id}: {'; '.join(problems)}")
         try:
@@ -231,3 +232,15 @@ def _check_keys(info: Any, where: str) -> None:
                                 f"header; remove {key}")
         if key not in TEMPLATE_KEYS:
             raise TemplateError(f"{where} [template] {key}: unknown key; [template] takes {', '.join(TEMPLATE_KEYS)}")
+
+
+def _as_template_error(function: Any, *args: Any, **kwargs: Any) -> Any:
+    """``function(*args, **kwargs)``, a :class:`UserError` of the header (a constraint refused by
+    the bounded evaluator, a bad space) raised as the :class:`TemplateError` every caller of the
+    template handles (the LLM route turns it into its repair message; a resume skips the text)."""
+    try:
+        return function(*args, **kwargs)
+    except TemplateError:
+        raise
+    except UserError as exc:
+        raise TemplateError(str(exc)) from None
