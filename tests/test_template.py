@@ -162,3 +162,38 @@ def test_points_in_reverse_start_from_the_grids_end():
     template = make(constraints='["BLOCK * num_warps <= 128"]')
     forward = list(template.space.points())
     assert list(template.space.points(reverse=True)) == forward[::-1]
+
+
+# -- a header cannot loosen the judge (issue 29) -------------------------------------------------
+
+
+@pytest.mark.parametrize("line, fragment", [
+    ("deterministic = false", "[template] deterministic: the judge's rules"),
+    ("rtol = 0.5", "[template] rtol: the judge's rules"),
+    ("held_out = []", "[template] held_out: the judge's rules"),
+    ("speedup = 9.0", "[template] speedup: unknown key"),
+])
+def test_a_header_key_that_would_set_a_rule_of_the_judge_is_refused_with_its_name(line, fragment):
+    text = HEADER.format(constraints="[]", baseline="32").replace('role = "variant"', f'role = "variant"\n{line}') + BODY
+    with pytest.raises(TemplateError) as err:
+        Template.from_text(text, template_id="toy/axpy/t", block_id="toy/axpy", where="t.py.j2")
+    assert fragment in str(err.value)
+    from kernelforge.llm.parse import parse_answer
+
+    parsed = parse_answer(f"```\n{text}```\n", "toy/axpy")
+    assert not parsed.ok and fragment in parsed.message
+
+
+def test_a_proposed_template_is_a_variant_of_origin_llm_without_baselines_whatever_its_header_says():
+    from kernelforge.llm.parse import parse_answer
+
+    text = (HEADER.format(constraints="[]", baseline="32")
+            .replace('role = "variant"', 'role = "baseline"\norigin = "human"\nbaseline_source = "trust me"')
+            .replace("-#}", '[[baselines]]\nsource = "mine"\npoint = { BLOCK = 64 }\n-#}') + BODY)
+    human = Template.from_text(text, template_id="toy/axpy/t", block_id="toy/axpy", where="t.py.j2")
+    assert human.role == "baseline" and human.baseline_rules  # a template of the project may say so
+    parsed = parse_answer(f"```\n{text}```\n", "toy/axpy")
+    assert parsed.ok, parsed.message
+    proposed = parsed.template
+    assert (proposed.role, proposed.origin, proposed.baseline_rules) == ("variant", "llm", ())
+    assert proposed.baseline_source != "trust me"

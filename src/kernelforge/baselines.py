@@ -31,6 +31,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from kernelforge.errors import TemplateError, UserError
+from kernelforge.limits import LimitExceeded
 from kernelforge.space import Expression, Space
 
 if TYPE_CHECKING:
@@ -40,6 +41,10 @@ if TYPE_CHECKING:
 DEFAULT_SOURCE = "the template's [baseline] point"
 #: The fields of one ``[[baselines]]`` rule.
 RULE_FIELDS = ("source", "when", "nearest", "points", "point", "computed")
+
+
+#: The most split counts :func:`flash_attn_num_splits` tries.
+MAX_SPLITS = 1024
 
 
 def cdiv(a: int, b: int) -> int:
@@ -63,6 +68,8 @@ def flash_attn_num_splits(batch_nheads_mblocks: int, num_sms: int, num_n_blocks:
     if batch_nheads_mblocks >= _f32(_f32(0.8) * num_sms):
         return 1
     limit = min(max_splits, num_sms, num_n_blocks)
+    if limit > MAX_SPLITS:  # a header expression must not loop for long (FlashAttention's cap is 128)
+        raise LimitExceeded(f"flash_attn_num_splits would try {limit} splits, over the limit of {MAX_SPLITS}")
 
     def eligible(s: int) -> bool:
         return s == 1 or cdiv(num_n_blocks, s) != cdiv(num_n_blocks, s - 1)

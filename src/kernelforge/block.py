@@ -175,6 +175,10 @@ class Block(ABC):
     #: What serving engines run for this block on Hopper, per preset family
     #: (:class:`kernelforge.shipped.ShippedPath`): how a speedup over the baseline may be labelled.
     shipped: tuple["ShippedPath", ...] = ()
+    #: Whether two calls on the same inputs must give bit-identical outputs (verification call 2).
+    #: A block whose honest kernels use floating-point atomics sets False (then within tolerance).
+    #: This is the block's rule: no template header can change it (issue 29).
+    deterministic: bool = True
 
     def __init__(self, block_id: str):
         self.id = block_id

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Iterable
 
+from kernelforge.textsafe import printable
+
 if TYPE_CHECKING:
     from kernelforge.block import Counts, Shape
 
@@ -50,6 +52,12 @@ class Verification:
     checks: int = 0
     message: str = ""
     traceback: str = field(default="", compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # A candidate writes much of this text (its exceptions, its output): no terminal escapes
+        # or control characters reach a terminal or the database (kernelforge.textsafe).
+        object.__setattr__(self, "message", printable(str(self.message)))
+        object.__setattr__(self, "traceback", printable(str(self.traceback)))
 
     @property
     def ok(self) -> bool:

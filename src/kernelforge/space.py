@@ -4,7 +4,11 @@ Constraints are Python expressions over the parameter names (``"BLOCK_N <= BLOCK
 ``"BLOCK_M * BLOCK_K * num_stages <= 65536"``), evaluated by a small interpreter that accepts only
 arithmetic, comparisons, boolean logic and ``min``/``max``: a job or template file can never run
 code through a constraint. The same evaluator (:class:`Expression`) reads the ``when`` and
-``computed`` expressions of a template's baseline rules (:mod:`kernelforge.baselines`).
+``computed`` expressions of a template's baseline rules (:mod:`kernelforge.baselines`). It is
+bounded (:mod:`kernelforge.limits`): at most :data:`~kernelforge.limits.MAX_EXPRESSION_CHARS`
+characters and :data:`~kernelforge.limits.MAX_EXPRESSION_NODES` nodes, each visited once, and its
+arithmetic through :func:`~kernelforge.limits.bounded_arithmetic` (``7 ** 7 ** 9`` is refused, not
+computed), so evaluating any header takes microseconds.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
 from kernelforge.errors import UserError
+from kernelforge.limits import MAX_EXPRESSION_CHARS, MAX_EXPRESSION_NODES, LimitExceeded, bounded_arithmetic
 
 Point = Mapping[str, Any]
 
@@ -29,6 +34,7 @@ _BINOPS = {
     ast.Mod: operator.mod,
     ast.Pow: operator.pow,
 }
+_SYMBOLS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%", ast.Pow: "**"}
 _CMPOPS = {
     ast.Lt: operator.lt,
     ast.LtE: operator.le,
@@ -60,11 +66,20 @@ class Expression:
                  functions: Mapping[str, Callable[..., Any]] = SAFE_FUNCTIONS):
         self.text = text
         self.what = what
+        self.where = where
         self.functions = dict(functions)
+        if len(text) > MAX_EXPRESSION_CHARS:
+            raise UserError(f"{where}: {what} of {len(text)} characters is over the limit of {MAX_EXPRESSION_CHARS} "
+                            "(MAX_EXPRESSION_CHARS)")
         try:
             self._tree = ast.parse(text, mode="eval").body
         except SyntaxError as exc:
             raise UserError(f"{where}: {what} {text!r} is not a valid expression ({exc.msg})") from None
+        except (ValueError, RecursionError, MemoryError) as exc:  # null bytes, absurd nesting
+            raise UserError(f"{where}: {what} {text!r} cannot be parsed ({type(exc).__name__})") from None
+        if sum(1 for _ in ast.walk(self._tree)) > MAX_EXPRESSION_NODES:
+            raise UserError(f"{where}: {what} {text!r} has over {MAX_EXPRESSION_NODES} syntax nodes "
+                            "(MAX_EXPRESSION_NODES)")
         #: The names the expression reads (its functions excluded).
         self.names = frozenset(n.id for n in ast.walk(self._tree) if isinstance(n, ast.Name)) - set(self.functions)
         unknown = sorted(self.names - known) if known is not None else []
@@ -94,8 +109,12 @@ class Expression:
                 raise UserError(f"{where}: {self.what} {self.text!r} may only call {_spoken(names)}")
 
     def evaluate(self, values: Point) -> Any:
-        """The expression's value over ``values`` (name -> value)."""
-        return _evaluate(self._tree, values, self.functions)
+        """The expression's value over ``values`` (name -> value); arithmetic past a limit of
+        :mod:`kernelforge.limits` is a :class:`UserError` naming the expression and the limit."""
+        try:
+            return _evaluate(self._tree, values, self.functions)
+        except LimitExceeded as exc:
+            raise UserError(f"{self.where}: {self.what} {self.text!r}: {exc}") from None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.text!r})"
@@ -122,7 +141,7 @@ def _evaluate(node: ast.AST, point: Point, functions: Mapping[str, Callable[...,
     if isinstance(node, (ast.Tuple, ast.List)):
         return tuple(value(e) for e in node.elts)
     if isinstance(node, ast.BinOp):
-        return _BINOPS[type(node.op)](value(node.left), value(node.right))
+        return bounded_arithmetic(_SYMBOLS[type(node.op)], value(node.left), value(node.right), _BINOPS[type(node.op)])
     if isinstance(node, ast.UnaryOp):
         operand = value(node.operand)
         return {ast.Not: operator.not_, ast.USub: operator.neg, ast.UAdd: operator.pos}[type(node.op)](operand)

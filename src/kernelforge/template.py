@@ -35,10 +35,9 @@ module with a ``run(**inputs, out)`` entry point (see :mod:`kernelforge.block`).
 
 from __future__ import annotations
 
-import functools
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -46,7 +45,9 @@ import jinja2
 from jinja2 import meta
 
 from kernelforge.baselines import DEFAULT_SOURCE, BaselinePoint, BaselineRule, parse_rules, resolve
-from kernelforge.errors import TemplateError
+from kernelforge.errors import TemplateError, UserError
+from kernelforge.limits import MAX_SOURCE_CHARS
+from kernelforge.render import BodyRefused, parse_body, render_body
 from kernelforge.space import Space
 
 if TYPE_CHECKING:
@@ -60,19 +61,15 @@ else:  # pragma: no cover - exercised on 3.10 only
 TEMPLATE_SUFFIX = ".py.j2"
 ROLES = ("baseline", "variant")
 ORIGINS = ("human", "llm")
+#: The keys ``[template]`` may set; any other key is refused with its name.
+TEMPLATE_KEYS = ("role", "origin", "description", "constraints", "baseline_source")
+#: Keys that would set a rule of the judge (EVALUATION.md): refused with a message saying where
+#: that rule comes from. Determinism is :attr:`kernelforge.block.Block.deterministic`; tolerances,
+#: held-out shapes and seeds are the block's and the harness's.
+JUDGE_KEYS = ("deterministic", "tolerance", "tolerances", "rtol", "atol", "rel_norm", "held_out", "check_shapes",
+              "shapes", "seed", "verify", "trusted")
 
 _HEADER = re.compile(r"\A\s*\{#-?(.*?)-?#\}", re.DOTALL)
-_ENV = jinja2.Environment(
-    undefined=jinja2.StrictUndefined,
-    keep_trailing_newline=True,
-    autoescape=False,
-)
-
-
-@functools.lru_cache(maxsize=256)
-def _compiled(text: str) -> jinja2.Template:
-    # Parsing dominates rendering (about 1 ms a render for the shipped templates before caching).
-    return _ENV.from_string(text)
 
 
 @dataclass(frozen=True)
@@ -92,7 +89,6 @@ class Template:
     role: str = "variant"
     origin: str = "human"
     description: str = ""
-    deterministic: bool = True
     path: Path | None = field(default=None, compare=False)
     baseline_source: str = DEFAULT_SOURCE
     baseline_rules: tuple[BaselineRule, ...] = ()
@@ -111,7 +107,12 @@ class Template:
     def from_text(
         cls, text: str, *, template_id: str, block_id: str, where: str, path: Path | None = None
     ) -> "Template":
-        """Parse template source ``text``; ``where`` names it in error messages."""
+        """Parse template source ``text``; ``where`` names it in error messages. The body is
+        parsed by :func:`kernelforge.render.parse_body` (the sandboxed template language); a text
+        over :data:`~kernelforge.limits.MAX_SOURCE_CHARS` is refused before anything else."""
+        if len(text) > MAX_SOURCE_CHARS:
+            raise TemplateError(f"{where}: the template has {len(text)} characters, over the limit of "
+                                f"{MAX_SOURCE_CHARS} (MAX_SOURCE_CHARS)")
         match = _HEADER.match(text)
         if not match:
             raise TemplateError(
@@ -123,6 +124,7 @@ class Template:
         except tomllib.TOMLDecodeError as exc:
             raise TemplateError(f"{where}: header is not valid TOML ({exc})") from None
         info = header.get("template", {})
+        _check_keys(info, where)
         unknown_tables = sorted(set(header) - {"template", "space", "baseline", "baselines"})
         if unknown_tables:
             raise TemplateError(f"{where}: unknown header table(s) {', '.join(unknown_tables)}; "
@@ -136,9 +138,9 @@ class Template:
         if not isinstance(constraints, list) or not all(isinstance(c, str) for c in constraints):
             raise TemplateError(f'{where} [template] constraints: must be a list of expressions, e.g. '
                                 f'constraints = ["BLOCK_N <= BLOCK_M"]')
-        space = Space.build(header["space"], constraints, where=f"{where} [space]")
+        space = _as_template_error(Space.build, header["space"], constraints, where=f"{where} [space]")
         baseline = dict(header.get("baseline", {}))
-        problems = space.problems(baseline)
+        problems = _as_template_error(space.problems, baseline)
         if problems:
             raise TemplateError(f"{where} [baseline]: {'; '.join(problems)}")
         role = info.get("role", "variant")
@@ -151,14 +153,17 @@ class Template:
         if not isinstance(baseline_source, str) or not baseline_source.strip():
             raise TemplateError(f'{where} [template] baseline_source: must be a non-empty string naming where '
                                 f'[baseline] comes from, e.g. baseline_source = "vLLM get_default_config"')
-        rules = parse_rules(header["baselines"], space, baseline, where) if "baselines" in header else ()
+        rules = _as_template_error(parse_rules, header["baselines"], space, baseline, where) \
+            if "baselines" in header else ()
         if rules and role != "baseline":
             raise TemplateError(f'{where} [[baselines]]: only a role = "baseline" template has per-shape '
                                 f"baselines; remove the rules or make this the block's baseline template")
         try:
-            parsed = _ENV.parse(text)
+            parsed = parse_body(text)
         except jinja2.TemplateSyntaxError as exc:
             raise TemplateError(f"{where}:{exc.lineno}: Jinja syntax error: {exc.message}") from None
+        except BodyRefused as exc:
+            raise TemplateError(f"{where}:{exc.lineno}: {exc.message}") from None
         used = meta.find_undeclared_variables(parsed)
         declared = set(space.names)
         if used != declared:
@@ -177,19 +182,26 @@ class Template:
             role=role,
             origin=origin,
             description=str(info.get("description", "")),
-            deterministic=bool(info.get("deterministic", True)),
             path=path,
             baseline_source=baseline_source,
             baseline_rules=rules,
         )
 
+    def as_proposed(self) -> "Template":
+        """This template as a proposer's (the LLM's) template: a ``variant`` of origin ``llm``
+        whatever its header says, with no per-shape baselines (``[[baselines]]``,
+        ``baseline_source``): role, origin and baselines are facts of the project, never a
+        proposer's claims, and a proposed template's ``[baseline]`` is only where its search
+        starts. Speedups are always measured against the block's own baseline template."""
+        return replace(self, role="variant", origin="llm", baseline_rules=(), baseline_source=DEFAULT_SOURCE)
+
     def render(self, point: Mapping[str, Any]) -> str:
         """The module source at ``point``; raises TemplateError naming what is wrong with it."""
-        problems = self.space.problems(point)
+        problems = _as_template_error(self.space.problems, point)
         if problems:
             raise TemplateError(f"template {self.id}: {'; '.join(problems)}")
         try:
-            return _compiled(self.text).render(**point)
+            return render_body(self.text, point)
         except jinja2.TemplateError as exc:
             raise TemplateError(f"template {self.id}: rendering failed: {exc}") from None
         except Exception as exc:  # the template's own expressions ({{ 1 // X }} at X = 0, ...)
@@ -206,3 +218,29 @@ class Template:
         Raises TemplateError naming the rule and the shape when a rule cannot be resolved there."""
         return resolve(self.baseline_rules, shape, self.space, self.baseline, self.baseline_source,
                        str(self.path or self.id))
+
+
+def _check_keys(info: Any, where: str) -> None:
+    """Refuse a ``[template]`` key that is not in :data:`TEMPLATE_KEYS`, naming it; a key of
+    :data:`JUDGE_KEYS` says that rule is not a template's to set."""
+    if not isinstance(info, dict):
+        return  # reported as "[template] must be a table" by the caller
+    for key in info:
+        if key in JUDGE_KEYS:
+            raise TemplateError(f"{where} [template] {key}: the judge's rules (determinism, tolerances, held-out "
+                                "shapes, baselines) come from the block and the project, never from a template "
+                                f"header; remove {key}")
+        if key not in TEMPLATE_KEYS:
+            raise TemplateError(f"{where} [template] {key}: unknown key; [template] takes {', '.join(TEMPLATE_KEYS)}")
+
+
+def _as_template_error(function: Any, *args: Any, **kwargs: Any) -> Any:
+    """``function(*args, **kwargs)``, a :class:`UserError` of the header (a constraint refused by
+    the bounded evaluator, a bad space) raised as the :class:`TemplateError` every caller of the
+    template handles (the LLM route turns it into its repair message; a resume skips the text)."""
+    try:
+        return function(*args, **kwargs)
+    except TemplateError:
+        raise
+    except UserError as exc:
+        raise TemplateError(str(exc)) from None

@@ -19,6 +19,7 @@ from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
 from kernelforge.devices.interpret import InterpretDevice
 from kernelforge.execute.timing_check import TIMING_MISMATCH_FLAG
+from kernelforge.execute.held_out import INTERPRETER_HELD_OUT
 from kernelforge.execute.worker import WorkerExecutor
 from kernelforge.result import Status
 
@@ -102,6 +103,8 @@ def cheat(prelude: str, body: str) -> str:
 WRITE_CONSTANT = "    _fill[(triton.cdiv(n, 256),)](out, 3.0, n, BLOCK=256)\n"
 WRITE_NAN = "    _fill[(triton.cdiv(n, 256),)](out, float('nan'), n, BLOCK=256)\n"
 
+#: Calls before timing: the held-out calls, then the three checks of the timed shape.
+CHECKED = INTERPRETER_HELD_OUT + 3
 CHEATS = {
     # (a) The comparison, torch.equal and the verifier's functions, patched in the worker.
     "patches the comparison and torch.equal": (
@@ -126,25 +129,25 @@ CHEATS = {
         "    _isnan_flag[(1,)](out, flag)\n"
         "    _axpy_if[(triton.cdiv(n, 256),)](x, y, out, flag, alpha, n, BLOCK=256)\n",
         Status.WRONG, "new values in the same buffers"),
-    # (d) Computes on the held-out call and the three checks only, then skips the work.
-    "computes only on the first four calls": (
+    # (d) Computes on the held-out calls and the three checks only, then skips the work.
+    "computes only on the held-out calls and the checks": (
         "_CALLS = [0]\n",
         "    _CALLS[0] += 1\n"
-        "    if _CALLS[0] <= 4:\n"
+        f"    if _CALLS[0] <= {CHECKED}:\n"
         "        _axpy[(triton.cdiv(n, 256),)](x, y, out, alpha, n, BLOCK=256)\n"
         "    else:\n"
         "        _copy[(1,)](out, out, 0, BLOCK=256)\n",
-        Status.WRONG, "after timing"),
-    # (d) Skips the work only on the timed calls (5 to 8: one warm-up, three repeats), then
-    # computes again for the re-check after timing: only the verified timed call can see it.
+        Status.WRONG, "(timed call 1 of 4): 1000 output element(s) left unwritten while timed"),
+    # (d) Skips the work only on the timed calls (one warm-up, three repeats), then computes again
+    # for the re-check after timing: every timed call is verified and has its outputs counted.
     "skips the work only while timed": (
         "_CALLS = [0]\n",
         "    _CALLS[0] += 1\n"
-        "    if _CALLS[0] <= 4 or _CALLS[0] > 8:\n"
+        f"    if _CALLS[0] <= {CHECKED} or _CALLS[0] > {CHECKED + 4}:\n"
         "        _axpy[(triton.cdiv(n, 256),)](x, y, out, alpha, n, BLOCK=256)\n"
         "    else:\n"
         "        _copy[(1,)](out, out, 0, BLOCK=256)\n",
-        Status.WRONG, "verified after timing"),
+        Status.WRONG, "(timed call 1"),
     # (e) Returns at once and finishes the work on a thread (the worker's thread count is blind).
     "finishes on a thread after returning": (
         "import time\n\n\n"
@@ -172,7 +175,7 @@ CHEATS = {
         "_CALLS = [0]\n",
         "    _CALLS[0] += 1\n"
         "    _axpy[(triton.cdiv(n, 256),)](x, y, out, alpha, n, BLOCK=256)\n"
-        "    if 4 < _CALLS[0] <= 8:\n"
+        f"    if {CHECKED} < _CALLS[0] <= {CHECKED + 4}:\n"
         "        _fill[(1,)](y, 0.0, 1, BLOCK=256)\n",
         Status.REJECTED, "while timed"),
 }
@@ -192,7 +195,7 @@ def test_an_honest_kernel_passes_and_its_timing_carries_the_trusted_figures(blin
     extra = ev.timing.extra
     assert extra["round_wall_s"] >= extra["reported_total_s"] > 0
     assert 0 < extra["round_cpu_s"] <= extra["round_wall_s"] + 0.02  # the worker's calling thread
-    assert 1 <= extra["verified_call"] <= 4  # one warm-up and three repeats
+    assert extra["verified_calls"] == [1, 2, 3, 4]  # every call: one warm-up and three repeats
 
 
 def test_honest_rounds_pass_while_other_processes_load_every_core():
@@ -291,8 +294,9 @@ def test_the_interpreter_wall_check_accepts_honest_rounds_and_rejects_impossible
 
 def test_in_process_the_judge_verifies_a_timed_call_too():
     """Without held-out shapes, calls 1-3 are the checks, 4-7 the round (one warm-up, three
-    repeats) and 8 the re-check: skipping the work on the round alone is seen by the verified
-    timed call, whichever the draw picks."""
+    repeats) and 8 the re-check: skipping the work on the round alone is seen at the first call it
+    skips, and writing a wrong result on one timed call only is seen by the full verification of
+    that call (every timed call is verified in the interpreter), named in the message."""
     import random
 
     from kernelforge.execute.evaluate import evaluate
@@ -304,7 +308,15 @@ def test_in_process_the_judge_verifies_a_timed_call_too():
     for seed in range(3):
         [ev] = evaluate(AXPY, source.replace("_CALLS = [0]", f"_CALLS = [0]  # {seed}"), SMOKE, torch.float16,
                         InterpretDevice(), rng=random.Random(seed))
-        assert ev.status is Status.WRONG and "verified after timing" in ev.verification.message, ev.verification.message
+        assert ev.status is Status.WRONG and "(timed call 1 of 4)" in ev.verification.message, ev.verification.message
+    # A cheaper wrong answer (y alone) instead of skipping, on the third timed call only.
+    wrong_once = HONEST[: HONEST.index("def run(")] + KERNELS + (
+        "\n\n_CALLS = [0]\n\n\ndef run(x, y, alpha, out):\n    n = x.numel()\n    _CALLS[0] += 1\n"
+        "    if _CALLS[0] == 6:\n        _copy[(triton.cdiv(n, 256),)](y, out, n, BLOCK=256)\n    else:\n"
+        "        _axpy[(triton.cdiv(n, 256),)](x, y, out, alpha, n, BLOCK=256)\n")
+    [ev] = evaluate(AXPY, wrong_once, SMOKE, torch.float16, InterpretDevice())
+    assert ev.status is Status.WRONG, ev.verification.message
+    assert "(timed call 3, verified after timing)" in ev.verification.message, ev.verification.message
 
 
 def test_a_block_that_does_not_reset_its_inplace_inputs_is_verified_on_their_values_at_the_call():

@@ -143,6 +143,17 @@ def test_each_cheat_gets_its_status(axpy_block, name):
         assert results[-1][1].message
 
 
+def test_determinism_is_the_blocks_rule(axpy_block, monkeypatch):
+    """Whether call 2 must be bit-identical to call 1 is read from the block (issue 29: no
+    template header can loosen it): the same wobbling candidate is rejected by a deterministic
+    block and judged by tolerance where the block allows atomics."""
+    module, _ = load_candidate(KERNEL + CANDIDATES["nondeterministic"], "verify_nondet_block")
+    shape = axpy_block.shapes("smoke")[0]
+    assert verify_shape(axpy_block, module.run, shape, torch.float16, "cpu").status is Status.REJECTED
+    monkeypatch.setattr(axpy_block, "deterministic", False)
+    assert verify_shape(axpy_block, module.run, shape, torch.float16, "cpu").status is not Status.REJECTED
+
+
 def test_deferred_thread_message_names_the_trick(axpy_block):
     module, _ = load_candidate(KERNEL + CANDIDATES["deferred_thread"], "verify_deferred_msg")
     verdict = verify_shape(axpy_block, module.run, axpy_block.shapes("smoke")[0], torch.float16, "cpu")

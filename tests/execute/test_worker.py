@@ -18,7 +18,7 @@ from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
 from kernelforge.devices.interpret import InterpretDevice
 from kernelforge.errors import UserError
-from kernelforge.execute.evaluate import held_out_shapes
+from kernelforge.execute.held_out import INTERPRETER_HELD_OUT, HeldOutDraw
 from kernelforge.result import Status
 from kernelforge.execute.sandbox import default_memory_limit, scrubbed_environment
 from kernelforge.execute.worker import WorkerExecutor
@@ -213,10 +213,37 @@ def test_close_leaves_no_process():
 
 
 def test_held_out_shapes_are_off_the_timed_ones():
-    one = held_out_shapes(BLOCK, BLOCK.shapes("smoke"), HONEST, "interpret")
-    assert len(one) == 1 and one[0].name in {s.name for s in CHECK}
-    assert held_out_shapes(BLOCK, BLOCK.shapes("smoke"), HONEST, "cuda") == CHECK
-    assert [s.name for s in held_out_shapes(BLOCK, CHECK, HONEST, "interpret")] == ["n1000"]
+    draw = HeldOutDraw(seed=0)
+    some = draw.draw(BLOCK, BLOCK.shapes("smoke"), "interpret")
+    assert len(some) == min(INTERPRETER_HELD_OUT, len(CHECK)) and {s.name for s in some} <= {s.name for s in CHECK}
+    assert draw.draw(BLOCK, BLOCK.shapes("smoke"), "cuda") == CHECK
+    assert [s.name for s in draw.draw(BLOCK, CHECK, "interpret")] == ["n1000"]
+
+
+def test_the_held_out_draw_comes_from_the_runs_seed_not_the_candidates_text():
+    """Issue 29: the draw was the source's hash, so a nonce comment steered it. Now it is the
+    run's generator: the same sequence of draws for one seed whatever the sources, a new draw for
+    each verification, and the seed in describe() (so stored with every result)."""
+    from kernelforge.block import Shape
+
+    class Many:
+        id = "toy/many"
+
+        def shapes(self, set_name):
+            return [Shape(f"{set_name}{i}", (("N", i),)) for i in range(12)] if set_name == "check" else []
+
+    block = Many()
+    draws = [[s.name for s in HeldOutDraw(seed=7).draw(block, [], "interpret")] for _ in range(2)]
+    assert draws[0] == draws[1]
+    one_run = HeldOutDraw(seed=7)
+    sequence = [tuple(s.name for s in one_run.draw(block, [], "interpret")) for _ in range(8)]
+    assert len(set(sequence)) > 1  # a new draw each time (confirmation included)
+    assert {HeldOutDraw().seed for _ in range(4)} != {HeldOutDraw().seed}  # per run, from secrets
+    ex = WorkerExecutor(InterpretDevice(), held_out_seed=1234)
+    try:
+        assert ex.describe()["held_out_seed"] == 1234
+    finally:
+        ex.close()
 
 
 def test_limits_from_the_environment(monkeypatch):

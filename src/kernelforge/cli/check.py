@@ -86,7 +86,7 @@ def check(ctx: click.Context, names: tuple[str, ...], device_name: str | None, s
         _print_environment(env, trusted)
         failures, records = 0, []
         for template, block, shapes, candidate in plans:
-            evaluations = executor.evaluate(block, candidate.source, shapes, dtype, deterministic=template.deterministic)
+            evaluations = executor.evaluate(block, candidate.source, shapes, dtype)
             failures += _print_evaluations(candidate, dtype_name, executor.kind, evaluations, no_time, verbose)
             records.extend(result_record(candidate, dtype_name, ev) for ev in evaluations)
     finally:

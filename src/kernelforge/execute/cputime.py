@@ -53,3 +53,13 @@ def cpu_seconds(pid: int) -> float | None:
 def this_thread_cpu_seconds() -> float:
     """The calling thread's CPU time (for candidates called in this process)."""
     return time.thread_time()
+
+
+def resident_bytes(pid: int) -> int | None:
+    """The resident memory of process ``pid`` in bytes (``/proc/PID/statm``), or None where the
+    kernel does not say."""
+    text = _read(f"/proc/{pid}/statm")
+    try:
+        return int(text.split()[1]) * os.sysconf("SC_PAGE_SIZE") if text else None
+    except (ValueError, IndexError, OSError):
+        return None

@@ -18,9 +18,7 @@ from typing import Callable, Sequence
 import torch
 
 from kernelforge.block import Block, Counts, Shape
-from kernelforge.candidate import source_id
 from kernelforge.devices.base import Device
-from kernelforge.errors import UserError
 from kernelforge.execute.runner import Entry, LocalRunner, Runner
 from kernelforge.execute.timing import TimedRound, TimingPlan, TimingSet, make_timing_sets, time_round
 from kernelforge.execute.timing_check import check_round, replayed_inputs, timing_mismatch, with_figures
@@ -36,29 +34,6 @@ TIMING_FLAG = "[event-wall-mismatch]"
 HELD_OUT_FLAG = "[held-out]"
 
 
-def held_out_shapes(block: Block, shapes: Sequence[Shape], source: str, device_name: str) -> list[Shape]:
-    """Shapes a candidate is verified on besides the timed ones, so hard-coding the timed shapes
-    does not pass (EVALUATION.md #8): the block's ``check`` shapes (odd sizes, ragged lengths,
-    skewed routing) not among ``shapes``, else its ``smoke`` shapes.
-
-    On a GPU all of them (milliseconds each). In the interpreter one poisoned call costs 0.1-0.5 s
-    on the shipped blocks' check shapes, so one shape is used per candidate, chosen by the hash of
-    its source: a generator cannot know which, and every check shape is off the timed ones.
-    """
-    timed = {s.name for s in shapes}
-    pool: list[Shape] = []
-    for set_name in ("check", "smoke"):
-        try:
-            pool = [s for s in block.shapes(set_name) if s.name not in timed]
-        except UserError:
-            pool = []
-        if pool:
-            break
-    if not pool or device_name not in ("interpret",):
-        return pool
-    return [pool[int(source_id(source), 16) % len(pool)]]
-
-
 def evaluate(
     block: Block,
     source: str,
@@ -66,7 +41,6 @@ def evaluate(
     dtype: torch.dtype,
     device: Device,
     *,
-    deterministic: bool = True,
     timed: bool = True,
     stop_at_first_failure: bool = False,
     held_out: Sequence[Shape] = (),
@@ -150,7 +124,7 @@ def evaluate(
         # One poisoned call on fresh inputs catches shape hard-coding; the three-call protocol
         # (determinism, caches) runs on the timed shapes.
         verdict = verify_shape(block, entry, shape, dtype, device.torch_device, seed=101 + index,
-                               deterministic=deterministic, calls=1)
+                               calls=1)
         bad = tampered(f"while verifying {shape.name}")
         if bad is not None:
             return fail_all(bad)
@@ -158,8 +132,7 @@ def evaluate(
             return fail_all(dataclasses.replace(verdict, message=f"{HELD_OUT_FLAG} {verdict.message}"[:2000]))
     for index, shape in enumerate(shapes):
         step(shape.name)
-        verdict = verify_shape(block, entry, shape, dtype, device.torch_device, seed=index,
-                               deterministic=deterministic)
+        verdict = verify_shape(block, entry, shape, dtype, device.torch_device, seed=index)
         timing = None
         if verdict.ok and timed:
             verdict, timing = _time_and_recheck(block, entry, shape, dtype, device, counts[shape.name], verdict,
@@ -250,13 +223,14 @@ class PairSpeedup(float):
 
 def pair_speedups(block: Block, baseline_source: str, candidate_source: str, shape: Shape, dtype: torch.dtype,
                   device: Device, pairs: int, *, runner: Runner | None = None,
-                  rng: random.Random | None = None) -> list[float]:
+                  rng: random.Random | None = None, held_out: Sequence[Shape] = ()) -> list[float]:
     """Interleaved baseline/candidate timings on one shape: the speedup of each pair (drift of the
     machine between pairs cancels within a pair), each a :class:`PairSpeedup` with its two times.
     Every round is checked as in :func:`evaluate`
     (its verified call, inputs and wall clock), after one verification call of each source on the
-    shape (which also warms its kernels). Empty when either source fails to load or any check
-    fails: the candidate is then not confirmed."""
+    shape (which also warms its kernels) and of the candidate on each ``held_out`` shape (a new
+    draw: :class:`~kernelforge.execute.held_out.HeldOutDraw`). Empty when either source fails to
+    load or any check fails: the candidate is then not confirmed."""
     runner = runner if runner is not None else LocalRunner(device)
     entries = []
     for source in (baseline_source, candidate_source):
@@ -268,6 +242,9 @@ def pair_speedups(block: Block, baseline_source: str, candidate_source: str, sha
         return []
     for entry in entries:
         if not verify_shape(block, entry, shape, dtype, device.torch_device, seed=0, calls=1).ok:
+            return []
+    for index, other in enumerate(held_out):
+        if not verify_shape(block, entries[1], other, dtype, device.torch_device, seed=301 + index, calls=1).ok:
             return []
     speedups = []
     method = None  # the baseline's first round decides the pairs' timing method (TimingPlan)

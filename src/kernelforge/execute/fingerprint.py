@@ -62,6 +62,19 @@ def poison(tensor: torch.Tensor) -> None:
         tensor.fill_(value)
 
 
+def poisoned_count(tensor: torch.Tensor) -> torch.Tensor:
+    """How many elements of ``tensor`` still hold :func:`poison` (an int64 scalar on its device,
+    with no host synchronisation): NaN for floating point (a result never holds NaN: it fails
+    verification), the integer sentinel, the byte 0xFF of a bool."""
+    value = poison_value(tensor.dtype)
+    if value is None:
+        return (tensor.view(torch.uint8) == 0xFF).sum(dtype=torch.int64)
+    if isinstance(value, float):
+        # fp8 has no isnan on every device: widen it first (a small tensor, outside timing).
+        return torch.isnan(tensor.float() if tensor.element_size() == 1 else tensor).sum(dtype=torch.int64)
+    return (tensor == value).sum(dtype=torch.int64)
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for all work on ``device`` (every stream), where there is asynchronous work."""
     if device.type == "cuda":

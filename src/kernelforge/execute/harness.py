@@ -86,3 +86,17 @@ def harness_changes(snapshot: list[tuple[str, Any, str, Any]]) -> list[str]:
     """Labels of the harness functions that are no longer the objects recorded in ``snapshot``:
     a candidate replaced them (evaluator tampering, EVALUATION.md #12 and #15)."""
     return [label for label, owner, attr, value in snapshot if _current(owner, attr) is not value]
+
+
+def reset_candidate_state() -> None:
+    """Undo the process-wide settings a candidate may make and the next candidate would inherit,
+    once a candidate's session ends: Triton's global allocator (``triton.set_allocator`` is
+    allowed, for the workspace of device-side tensor descriptors) goes back to Triton's default,
+    which allocates nothing."""
+    try:
+        from triton.runtime import _allocation
+    except ImportError:  # a Triton without a global allocator: nothing to reset
+        return
+    default = getattr(_allocation, "_NULL_ALLOCATOR", None)
+    if default is not None:
+        _allocation._allocator.set(default)

@@ -8,7 +8,8 @@ import torch
 
 from kernelforge.block import Block, Shape
 from kernelforge.devices.base import Device
-from kernelforge.execute.evaluate import evaluate, held_out_shapes, pair_speedups
+from kernelforge.execute.evaluate import evaluate, pair_speedups
+from kernelforge.execute.held_out import HeldOutDraw
 from kernelforge.execute.runner import LocalRunner
 from kernelforge.execute.timing import TimingPlan
 from kernelforge.result import Evaluation
@@ -33,10 +34,11 @@ class InProcessExecutor:
 
     runs_code = True
 
-    def __init__(self, device: Device, *, policy: bool = True, held_out: bool = True):
+    def __init__(self, device: Device, *, policy: bool = True, held_out: bool = True, held_out_seed: int | None = None):
         self.device = device
         self.policy = policy
-        self.held_out = held_out
+        #: the run's held-out draws (None: no held-out shapes); its seed is in :meth:`describe`
+        self.held_out = HeldOutDraw(held_out_seed) if held_out else None
 
     @property
     def kind(self) -> str:
@@ -50,19 +52,25 @@ class InProcessExecutor:
     def describe(self) -> dict[str, Any]:
         """The device's environment (name, versions, timing method) results are stored under, and
         ``sandbox``: none (candidates run in this process)."""
-        return {**self.device.describe(), "sandbox": IN_PROCESS_SANDBOX}
+        return {**self.device.describe(), "sandbox": IN_PROCESS_SANDBOX,
+                **({"held_out_seed": self.held_out.seed} if self.held_out else {})}
 
     def evaluate(self, block: Block, source: str, shapes: list[Shape], dtype: torch.dtype, *,
-                 deterministic: bool = True, plan: TimingPlan | None = None) -> list[Evaluation]:
+                 plan: TimingPlan | None = None) -> list[Evaluation]:
         """Verify and time ``source`` on ``shapes`` (see :func:`~kernelforge.execute.evaluate.evaluate`)."""
-        extra = held_out_shapes(block, shapes, source, self.device.name) if self.held_out else []
-        return evaluate(block, source, shapes, dtype, self.device, deterministic=deterministic, held_out=extra,
-                        policy=self.policy, runner=LocalRunner(self.device), plan=plan)
+        extra = self.held_out.draw(block, shapes, self.device.name) if self.held_out else []
+        runner = LocalRunner(self.device)
+        try:
+            return evaluate(block, source, shapes, dtype, self.device, held_out=extra,
+                            policy=self.policy, runner=runner, plan=plan)
+        finally:
+            runner.release()  # the next candidate starts from Triton's defaults
 
     def pair_speedups(self, block: Block, baseline_source: str, candidate_source: str, shape: Shape,
                       dtype: torch.dtype, pairs: int) -> list[float]:
         """Interleaved baseline/candidate speedups (see :func:`~kernelforge.execute.evaluate.pair_speedups`)."""
-        return pair_speedups(block, baseline_source, candidate_source, shape, dtype, self.device, pairs)
+        extra = self.held_out.draw(block, [shape], self.device.name) if self.held_out else []
+        return pair_speedups(block, baseline_source, candidate_source, shape, dtype, self.device, pairs, held_out=extra)
 
     def close(self) -> None:
         """Nothing to release (may be called more than once)."""

@@ -25,6 +25,7 @@ import ast
 import builtins
 from kernelforge.execute import allowlist as allowed
 from kernelforge.execute.violation import PolicyReport, Violation
+from kernelforge.limits import source_problem
 
 
 def _is_dunder(name: str) -> bool:
@@ -376,10 +377,12 @@ class _Checker(ast.NodeVisitor):
 
 def check_source(source: str) -> PolicyReport:
     """Check a candidate's source against the allowlist without importing or running any of it.
-
-    A source that does not parse is reported as one violation (the compile step reports the syntax
-    error in detail).
-    """
+    A source that does not parse is one violation (the compile step reports the syntax error in
+    detail); one over :data:`~kernelforge.limits.MAX_SOURCE_CHARS`, or holding a control character,
+    is refused before it is parsed (:func:`~kernelforge.limits.source_problem`)."""
+    line, problem = source_problem(source)
+    if problem:
+        return PolicyReport((Violation(line, problem),))
     try:
         tree = ast.parse(source)
     except SyntaxError as exc:

@@ -49,11 +49,13 @@ class ReplayExecutor:
         # Indexed by the hash of the source (what evaluate is given): a candidate id also hashes its
         # template's id; a result without a stored candidate keeps its id (older recordings: the same).
         by_source = {c.id: source_id(c.source) for c in self.store.candidates()}
+        first_key = None
         for row in self.store.results():
-            # One recording may hold several devices: replay the first one seen, consistently.
+            # One recording may hold several devices: replay the first one seen, consistently (by
+            # env_key: the env of each run also holds its own held-out seed).
             if self._env is None:
-                self._env = row.env
-            if row.env == self._env:
+                self._env, first_key = row.env, row.env_key
+            if row.env_key == first_key:
                 key = by_source.get(row.candidate_id, row.candidate_id)
                 self._index.setdefault((key, row.shape, row.dtype), row)
 
@@ -85,7 +87,7 @@ class ReplayExecutor:
                    if row is not None and row.ok and row.median_s is not None)
 
     def evaluate(self, block: Block, source: str, shapes: list[Shape], dtype, *,
-                 deterministic: bool = True, plan=None) -> list[Evaluation]:
+                 plan=None) -> list[Evaluation]:
         """The recorded evaluations of the candidate whose source is ``source`` (looked up by its
         source's hash), one per shape. ``plan`` (a timing plan) is ignored: nothing
         is timed, the recorded methods are replayed."""

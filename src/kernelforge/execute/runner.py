@@ -29,7 +29,7 @@ from kernelforge.devices.base import Device
 from kernelforge.execute.cputime import this_thread_cpu_seconds
 from kernelforge.execute.fingerprint import poison_free_memory
 from kernelforge.execute.guard import TRACEBACK_CHARS, CallReport, RunFn, run_call, settle
-from kernelforge.execute.harness import harness_changes, harness_snapshot
+from kernelforge.execute.harness import harness_changes, harness_snapshot, reset_candidate_state
 from kernelforge.execute.timed_calls import TimingAnswer, TimingJob, run_timed
 from kernelforge.result import Status, Verification
 
@@ -168,6 +168,7 @@ class LocalRunner:
 
     def release(self) -> str | None:
         self._snapshot = None
+        reset_candidate_state()
         return None
 
     def cpu_seconds(self) -> float | None:

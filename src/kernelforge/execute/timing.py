@@ -13,6 +13,7 @@ decided once from the baseline and carried to the device in every round of that 
 
 from __future__ import annotations
 
+import gc
 import math
 import random
 import time
@@ -51,20 +52,23 @@ class TimingSet:
 class TimedRound:
     """What one timing round gave the trusted side: the runner's ``timing`` and ``report``, the
     trusted ``wall_s`` around the round and the CPU time ``cpu_s`` the running process spent in it
-    (None: unknown), how many calls the runner ``prepared``, the ``chosen``
-    preparation whose call was copied aside (from input set ``copied_set``; None: never made),
-    and private copies of that call's results (``aside``: outputs and in-place inputs) and, for a
-    block that does not reset its in-place inputs, of those inputs before it (``inplace_before``)."""
+    (None: unknown), how many calls the runner ``prepared``, the ``verified`` preparations whose
+    calls were copied aside (``copied_sets[k]``: from which input set; None: never made), private
+    copies of those calls' results (``aside[k]``: outputs and in-place inputs) and, for a block
+    that does not reset its in-place inputs, of those inputs before each (``inplace_before[k]``),
+    and ``unwritten[i]``: how many output elements the call after preparation ``i`` left poisoned
+    (-1: not recorded)."""
 
     timing: Timing | None
     report: CallReport
     wall_s: float
     cpu_s: float | None
     prepared: int
-    chosen: int
-    copied_set: int | None
-    aside: dict[str, torch.Tensor]
-    inplace_before: dict[str, torch.Tensor]
+    verified: tuple[int, ...]
+    copied_sets: tuple[int | None, ...]
+    aside: tuple[dict[str, torch.Tensor], ...]
+    inplace_before: tuple[dict[str, torch.Tensor], ...]
+    unwritten: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -112,16 +116,24 @@ def input_set_count(counts: Counts, device: Device) -> int:
     return 1 if device.name == "interpret" else n_sets
 
 
-def verified_span(device: Device) -> int:
-    """The calls of a round among which the verified one is drawn: those the device always makes
-    right after a preparation of the same input set. In the interpreter every call of the round
-    (warm-up and timed: one input set, prepared before each); on a GPU the warm-up calls (later
-    loops may call a set other than the one just prepared, and CUDA-graph replays run no host
-    code). At least the first call."""
+#: How many calls of a round get their unwritten outputs counted (more than any device makes).
+UNWRITTEN_CAPACITY = 4096
+
+
+def verified_calls(device: Device, rng: random.Random | None = None) -> tuple[int, ...]:
+    """The preparations of a round whose calls are copied aside and verified in full. In the
+    interpreter, every call of the round (warm-up and timed: one input set, prepared before
+    each): a candidate that skips or fakes any call is caught, whatever it counts. On a GPU one
+    call drawn with ``rng`` (default: the system's randomness, which nothing in the candidate's
+    process can know) among the warm-up calls, the calls the device always makes right after
+    preparing that same input set (later loops may call another set, and CUDA-graph replays run no
+    host code); every call of every loop there still has its unwritten outputs counted
+    (:class:`~kernelforge.execute.timed_calls.TimingJob`), and the last call on each input set is
+    verified after the round (:func:`~kernelforge.execute.timing_check.check_round`)."""
     warmup = int(getattr(device, "warmup", 0) or 0)
     if device.name == "interpret":
-        return max(1, warmup + int(getattr(device, "repeats", 0) or 0))
-    return max(1, warmup)
+        return tuple(range(max(1, warmup + int(getattr(device, "repeats", 0) or 0))))
+    return ((rng or random.SystemRandom()).randrange(max(1, warmup)),)
 
 
 def make_timing_sets(block: Block, shape: Shape, dtype: torch.dtype, device: Device, runner: Runner) -> list[TimingSet]:
@@ -143,36 +155,47 @@ def time_round(block: Block, entry: Entry, shape: Shape, dtype: torch.dtype, dev
                *, rng: random.Random | None = None, method: str | None = None) -> TimedRound:
     """One timing round of ``entry`` on ``sets``, with the trusted side's wall clock around it.
 
-    The verified call is drawn from :func:`verified_span` with ``rng`` (default: the system's
-    randomness, so nothing in the candidate's process can know it). Its outputs and in-place
-    inputs are copied into shared buffers poisoned here, and read back privately afterwards.
+    The verified calls are :func:`verified_calls` (``rng`` draws where not every call is). Their
+    outputs and in-place inputs are copied into shared buffers poisoned here, and read back
+    privately afterwards, with the count of what every call left unwritten.
     ``method`` is the shape's fixed timing method (:class:`TimingPlan`); a timing that comes back
     with another one is no timing: the round's report says why (``rejected``).
     """
     runner = entry.runner
     spec = Outputs.of(block, sets[0].shared, sets[0].outputs)
-    chosen = (rng or random.SystemRandom()).randrange(verified_span(device))
+    verified = verified_calls(device, rng)
     like = spec.watched(sets[0].shared, sets[0].outputs)
-    aside = {name: runner.share(tensor, values=False) for name, tensor in like.items()}
-    for tensor in aside.values():
-        poison(tensor)
-    before = {} if block.inplace_reset else {name: runner.share(sets[0].shared[name], values=False)
-                                             for name in spec.inplace}
+    aside = tuple({name: runner.share(tensor, values=False) for name, tensor in like.items()} for _ in verified)
+    for buffers in aside:
+        for tensor in buffers.values():
+            poison(tensor)
+    before = tuple({} if block.inplace_reset else {name: runner.share(sets[0].shared[name], values=False)
+                                                   for name in spec.inplace} for _ in verified)
+    unwritten = runner.share(torch.full((UNWRITTEN_CAPACITY,), -1, dtype=torch.int64, device=device.torch_device))
     job = TimingJob(tuple({**s.shared, **s.outputs} for s in sets), spec.names, spec.inplace, block.inplace_reset,
-                    chosen, aside, before, int(block.counts(shape, dtype).bytes), method)
-    cpu_start = runner.cpu_seconds()
-    start = time.perf_counter()
-    answer = runner.time(entry.handle, job)
-    wall = time.perf_counter() - start
-    cpu_end = runner.cpu_seconds()
+                    verified, aside, before, int(block.counts(shape, dtype).bytes), method, unwritten)
+    # No garbage collection of this process inside the round: a full collection of a large process
+    # (100+ ms) would count as the calling thread's CPU time of an in-process round.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        cpu_start = runner.cpu_seconds()
+        start = time.perf_counter()
+        answer = runner.time(entry.handle, job)
+        wall = time.perf_counter() - start
+        cpu_end = runner.cpu_seconds()
+    finally:
+        if collecting:
+            gc.enable()
     cpu = None if cpu_start is None or cpu_end is None else cpu_end - cpu_start
     timing, report = answer.timing, answer.report
     if timing is not None and method is not None and timing.method != method:
         timing, report = None, CallReport(Status.REJECTED, f"timed with {timing.method!r}, but this shape's method is "
                                                            f"{method!r} (its baseline's): not comparable")
-    return TimedRound(timing, report, wall, cpu, answer.prepared, chosen, answer.copied_set,
-                      {name: runner.snapshot(t) for name, t in aside.items()},
-                      {name: runner.snapshot(t) for name, t in before.items()})
+    return TimedRound(timing, report, wall, cpu, answer.prepared, verified, answer.copied_sets,
+                      tuple({name: runner.snapshot(t) for name, t in buffers.items()} for buffers in aside),
+                      tuple({name: runner.snapshot(t) for name, t in buffers.items()} for buffers in before),
+                      tuple(int(v) for v in runner.snapshot(unwritten)[:max(answer.prepared, 0)].tolist()))
 
 
 def time_candidate(block: Block, run: RunFn | Entry, shape: Shape, dtype: torch.dtype, device: Device, counts: Counts,

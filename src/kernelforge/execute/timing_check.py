@@ -1,11 +1,19 @@
 """The trusted side's checks of a timing round (:class:`~kernelforge.execute.timing.TimedRound`).
 
-- **The verified timed call.** The outputs of one call of the round, drawn at random, were copied
-  aside; they are compared with the reference of the inputs as they were at that call, which the
-  trusted side rebuilds by replaying the round's deterministic preparations
+- **The verified timed calls.** The outputs of the verified calls of the round (every call in the
+  interpreter; one warm-up call drawn at random on a GPU:
+  :func:`~kernelforge.execute.timing.verified_calls`) were copied aside; each is compared with
+  the reference of the inputs as they were at that call, which the trusted side rebuilds by
+  replaying the round's deterministic preparations
   (:func:`~kernelforge.execute.timed_calls.touch_inputs`, the in-place resets) on its pristine
   copies (:func:`replayed_inputs`). A candidate that skips the work on some calls, or when its
-  output does not look poisoned, or that serves a cached result, fails here.
+  output does not look poisoned, or that serves a cached result, fails here, with the call named.
+- **Every call wrote its outputs.** Each call of the round had the output elements it left
+  poisoned counted; any call that left some (skipped its work: counting calls, or sensing the
+  timed loops) is ``wrong``, with the call named.
+- **The last call** (on a GPU, when the round has one input set; in the interpreter it is verified
+  already): the outputs the set holds after the round are the results of its last call (a timed
+  call, a CUDA-graph replay), compared with the reference of its last inputs.
 - **Inputs unchanged.** After the round every input that is not in place must hold exactly the
   replayed values.
 - **The clocks** (:func:`wall_problem`): the reported time of the round's timed calls must not
@@ -83,7 +91,7 @@ def with_figures(timing: Timing, done: TimedRound) -> Timing:
     """``timing`` with the trusted side's figures of its round in ``extra``: its wall clock, the
     reported total of the timed calls and which call was verified (1-based)."""
     extra = {**timing.extra, "round_wall_s": done.wall_s, "round_cpu_s": done.cpu_s, "reported_total_s": timing.median_s * timing.samples,
-             "verified_call": done.chosen + 1}
+             "verified_calls": [index + 1 for index in done.verified]}
     return dataclasses.replace(timing, extra=extra)
 
 
@@ -97,24 +105,48 @@ def check_round(block: Block, shape: Shape, dtype: torch.dtype, device: Device, 
         return Verification(done.report.status or Status.RUNTIME_ERROR, message=f"{name}: {prefix}{done.report.message}"[:2000],
                             traceback=done.report.traceback)
     spec = Outputs.of(block, sets[0].shared, sets[0].outputs)
-    if done.copied_set is None or not 0 <= done.copied_set < len(sets) or done.prepared < done.chosen + 1:
-        return Verification(Status.REJECTED, message=f"{name}: the timed call chosen for verification (call "
-                                                     f"{done.chosen + 1}) was never made")
+    for index, copied in zip(done.verified, done.copied_sets):
+        if copied is None or not 0 <= copied < len(sets) or done.prepared < index + 1:
+            return Verification(Status.REJECTED, message=f"{name}: the timed call chosen for verification (call "
+                                                         f"{index + 1}) was never made")
     for which, tset in enumerate(sets):
         state = replayed_inputs(tset, which, len(sets), done.prepared - 1, spec.inplace)
         for input_name, tensor in spec.untouchable(tset.shared).items():
             if not bits_equal(tensor, state[input_name]):
                 return Verification(Status.REJECTED, message=f"{name}: the candidate modified its input "
                                                              f"{input_name!r} while timed")
-    state = replayed_inputs(sets[done.copied_set], done.copied_set, len(sets), done.chosen, spec.inplace)
-    state.update({k: v.clone() for k, v in done.inplace_before.items()})
-    where = f"{block.id} {name}"
+    left = next(((i, n) for i, n in enumerate(done.unwritten) if n > 0), None)
+    if left is not None:
+        return Verification(Status.WRONG, message=f"{name} (timed call {left[0] + 1} of {done.prepared}): "
+                                                  f"{left[1]} output element(s) left unwritten while timed")
+    for index, copied, aside, before in zip(done.verified, done.copied_sets, done.aside,
+                                            done.inplace_before or ({},) * len(done.verified)):
+        assert copied is not None
+        state = replayed_inputs(sets[copied], copied, len(sets), index, spec.inplace)
+        state.update({k: v.clone() for k, v in before.items()})
+        problem = _judged(block, spec, state, aside, dtype, device,
+                          f"{name} (timed call {index + 1}, verified after timing)")
+        if problem is not None:
+            return problem
+    if device.name != "interpret" and len(sets) == 1 and done.prepared and (block.inplace_reset or not spec.inplace):
+        # One input set: whatever loop ran last (timed events, graph replays, the energy round)
+        # called it on the inputs of the last preparation, so its outputs are that call's results.
+        # (With several sets a loop may call a set another preparation was for: not judged here.)
+        tset = sets[0]
+        state = replayed_inputs(tset, 0, 1, done.prepared - 1, spec.inplace)
+        got = {k: v.detach().clone() for k, v in spec.watched(tset.shared, tset.outputs).items()}
+        return _judged(block, spec, state, got, dtype, device, f"{name} (the last timed call, verified after timing)")
+    return None
+
+
+def _judged(block: Block, spec: Outputs, state: dict[str, Any], got: dict[str, torch.Tensor], dtype: torch.dtype,
+            device: Device, label: str) -> Verification | None:
+    """The ``wrong`` verdict of results ``got`` against the reference of inputs ``state``, or None."""
     ref = expected_outputs(block, spec, state, {k: v for k, v in state.items() if isinstance(v, torch.Tensor)},
-                           done.aside, where)
-    rel, excess, problem = judge(block, spec, done.aside, ref, dtype, torch.device(device.torch_device))
+                           got, f"{block.id} {label.split(' ')[0]}")
+    rel, excess, problem = judge(block, spec, got, ref, dtype, torch.device(device.torch_device))
     if problem:
-        return Verification(Status.WRONG, rel, excess, 1, f"{name} (timed call {done.chosen + 1}, verified after "
-                                                          f"timing): {problem}"[:2000])
+        return Verification(Status.WRONG, rel, excess, 1, f"{label}: {problem}"[:2000])
     return None
 
 

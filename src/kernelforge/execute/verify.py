@@ -143,7 +143,6 @@ def verify_shape(
     *,
     seed: int = 0,
     distributions: tuple[str, str] | None = None,
-    deterministic: bool = True,
     calls: int = 3,
 ) -> Verification:
     """Verify ``run`` (a candidate's entry point) on one shape. See the module docstring.
@@ -190,7 +189,7 @@ def verify_shape(
 
         _, second_out = attempt("call 2")
         worst.checks += 1
-        if deterministic:
+        if block.deterministic:
             for name in spec.all:
                 if not bits_equal(first_out[name], second_out[name]):
                     return verdict(Status.REJECTED, f": {spec.label(name)}two calls on the same inputs gave "
@@ -229,14 +228,13 @@ def verify(
     dtype: torch.dtype,
     device: str | torch.device,
     *,
-    deterministic: bool = True,
     stop_at_first_failure: bool = True,
 ) -> list[tuple[Shape, Verification]]:
     """Verify on every shape (seeded by position so distributions rotate across the set)."""
     entry = LocalRunner.entry(run, device)
     results: list[tuple[Shape, Verification]] = []
     for index, shape in enumerate(shapes):
-        verdict = verify_shape(block, entry, shape, dtype, device, seed=index, deterministic=deterministic)
+        verdict = verify_shape(block, entry, shape, dtype, device, seed=index)
         results.append((shape, verdict))
         if stop_at_first_failure and not verdict.ok:
             break

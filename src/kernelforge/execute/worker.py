@@ -48,7 +48,9 @@ import torch
 
 from kernelforge.block import Block, Shape
 from kernelforge.errors import UserError
-from kernelforge.execute.evaluate import evaluate, held_out_shapes, pair_speedups
+from kernelforge.execute.cputime import resident_bytes
+from kernelforge.execute.evaluate import evaluate, pair_speedups
+from kernelforge.execute.held_out import HeldOutDraw
 from kernelforge.execute.policy import check_source
 from kernelforge.execute.sandbox import default_memory_limit, sandbox_plan
 from kernelforge.execute.timing import TimingPlan
@@ -64,6 +66,9 @@ COMPILE_TIMEOUT = 120.0
 #: timed shape. Interpreter shapes of the shipped blocks take 0.3-3 s per step, GPU ones well
 #: under a minute.
 RUN_TIMEOUT = 300.0
+#: Resident memory a worker may gain while serving candidates before it is retired (issue 29: a
+#: candidate kept 8 GiB alive in a module and the next candidates ran under what was left).
+RETIRE_MEMORY_GROWTH = 2 * 2**30
 
 
 def _seconds(variable: str, default: float) -> float:
@@ -112,13 +117,15 @@ class WorkerExecutor:
 
     def __init__(self, device: Any, *, compile_timeout: float | None = None, run_timeout: float | None = None,
                  startup_timeout: float = STARTUP_TIMEOUT, memory_limit: int | None = None, policy: bool = True,
-                 held_out: bool = True, extra_secrets: tuple[str, ...] = (), threads: int | None = None):
+                 held_out: bool = True, extra_secrets: tuple[str, ...] = (), threads: int | None = None,
+                 held_out_seed: int | None = None):
         self.device = device
         self.compile_timeout = _seconds("KERNELFORGE_COMPILE_TIMEOUT", COMPILE_TIMEOUT) if compile_timeout is None \
             else compile_timeout
         self.run_timeout = _seconds("KERNELFORGE_RUN_TIMEOUT", RUN_TIMEOUT) if run_timeout is None else run_timeout
         self.policy = policy
-        self.held_out = held_out
+        #: the run's held-out draws (None: no held-out shapes); its seed is in :meth:`describe`
+        self.held_out = HeldOutDraw(held_out_seed) if held_out else None
         if memory_limit is None:
             memory_limit = default_memory_limit()
         #: bytes of address space the worker may use; None on cuda (see the sandbox)
@@ -133,6 +140,7 @@ class WorkerExecutor:
         self._busy = False
         #: workers started so far (tests and progress read it)
         self.starts = 0
+        self._rss_at_start: int | None = None  # the worker's resident memory when it started
 
     # -- the executor protocol ---------------------------------------------------------------------
 
@@ -148,7 +156,8 @@ class WorkerExecutor:
     def describe(self) -> dict[str, Any]:
         """The device's environment (name, versions, timing method) results are stored under, and
         the OS sandbox the worker applies (``sandbox``)."""
-        return {**self.device.describe(), "sandbox": sandbox_plan().label}
+        return {**self.device.describe(), "sandbox": sandbox_plan().label,
+                **({"held_out_seed": self.held_out.seed} if self.held_out else {})}
 
     @property
     def alive(self) -> bool:
@@ -170,7 +179,20 @@ class WorkerExecutor:
                 self._kill()
             self.starts += 1
             self._process.start()
+            pid = self._process.pid
+            self._rss_at_start = None if pid is None else resident_bytes(pid)
         return self._process
+
+    def _holds_memory(self) -> str | None:
+        """Why the worker must retire because of the memory a candidate left alive in it (None:
+        it need not): its resident memory grew by over :data:`RETIRE_MEMORY_GROWTH` since it
+        started, read from ``/proc`` here. A fresh worker then serves the next candidate, so the
+        memory limit is each candidate's own."""
+        pid, start = self._process.pid, self._rss_at_start
+        now = None if pid is None else resident_bytes(pid)
+        if start is None or now is None or now - start <= RETIRE_MEMORY_GROWTH:
+            return None
+        return f"it holds {(now - start) / 2**30:.1f} GiB more than when it started"
 
     def _kill(self) -> None:
         self._process.kill()
@@ -202,7 +224,7 @@ class WorkerExecutor:
         return runner
 
     def evaluate(self, block: Block, source: str, shapes: list[Shape], dtype: torch.dtype, *,
-                 deterministic: bool = True, plan: TimingPlan | None = None) -> list[Evaluation]:
+                 plan: TimingPlan | None = None) -> list[Evaluation]:
         """Verify and time ``source`` on ``shapes``, the candidate running in the worker and the
         verdict made here: one :class:`~kernelforge.result.Evaluation` per shape, in order,
         whatever happens to the worker (see the module docstring). A block that breaks its
@@ -213,7 +235,7 @@ class WorkerExecutor:
             if not report.ok:
                 verdict = Verification(Status.REJECTED, message=report.message())
                 return [Evaluation(s, verdict, counts[s.name]) for s in shapes]
-        extra = held_out_shapes(block, shapes, source, self.device.name) if self.held_out else []
+        extra = self.held_out.draw(block, shapes, self.device.name) if self.held_out else []
         process = self._ensure(_block_root(block))
         runner = self._runner(process)
         results: dict[str, Evaluation] = {}
@@ -225,9 +247,9 @@ class WorkerExecutor:
 
         self._busy = True
         try:
-            evaluate(block, source, shapes, dtype, self.device, deterministic=deterministic, held_out=extra,
+            evaluate(block, source, shapes, dtype, self.device, held_out=extra,
                      runner=runner, on_result=keep, plan=plan)
-            retire = runner.release()
+            retire = runner.release() or self._holds_memory()
         except WorkerGone as exc:
             self._busy = False
             verdict = Verification(Status(exc.status), message=str(exc)[:2000])
@@ -243,6 +265,10 @@ class WorkerExecutor:
         verdict = Verification(Status.RUNTIME_ERROR, message=f"not run: the worker was retired ({retire})")
         return _complete(shapes, results, counts, verdict, first_only=True)
 
+    def _confirmation_draw(self, block: Block, shape: Shape) -> list[Shape]:
+        """A new held-out draw for confirming a candidate on ``shape`` (none without held-out shapes)."""
+        return self.held_out.draw(block, [shape], self.device.name) if self.held_out else []
+
     def pair_speedups(self, block: Block, baseline_source: str, candidate_source: str, shape: Shape,
                       dtype: torch.dtype, pairs: int) -> list[float]:
         """Interleaved baseline/candidate speedups on one shape, timed in the worker and checked
@@ -255,7 +281,7 @@ class WorkerExecutor:
         self._busy = True
         try:
             speedups = pair_speedups(block, baseline_source, candidate_source, shape, dtype, self.device, pairs,
-                                     runner=runner)
+                                     runner=runner, held_out=self._confirmation_draw(block, shape))
             retire = runner.release()
         except WorkerGone:
             self._busy = False

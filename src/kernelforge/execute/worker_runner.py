@@ -11,8 +11,9 @@ through a pipe. The requests (pickles; answers are checked JSON, :mod:`kernelfor
 - ``("call", handle, args, watched, arena_bytes)`` -> ``returned``: one call and the worker's
   :class:`~kernelforge.execute.guard.CallReport`; ``("sync",)`` -> ``synced``: after a full device
   synchronisation. The trusted side reads the outputs between the two;
-- ``("time", handle, sets, outputs, inplace, reset, chosen, aside, inplace_before, bytes,
-  arena_bytes)`` -> ``timed``: one timing round (:mod:`kernelforge.execute.timed_calls`);
+- ``("time", handle, sets, outputs, inplace, reset, verified, aside, inplace_before, bytes,
+  method, unwritten, arena_bytes)`` -> ``timed``: one timing round
+  (:mod:`kernelforge.execute.timed_calls`);
 - ``("tampering",)`` -> the harness functions replaced since the session began;
 - ``("release",)`` -> ``released``: the session ends; why the worker must retire, if it must.
 
@@ -175,14 +176,15 @@ class WorkerRunner:
     def time(self, handle: int, job: TimingJob) -> TimingAnswer:
         self._prepare()
         request = ("time", handle, tuple(self._wire(args) for args in job.sets), job.outputs, job.inplace, job.reset,
-                   job.chosen, {n: self._slot(t) for n, t in job.aside.items()},
-                   {n: self._slot(t) for n, t in job.inplace_before.items()}, job.working_set_bytes, job.method,
-                   self._arena_bytes())
+                   tuple(job.verified), tuple({n: self._slot(t) for n, t in buffers.items()} for buffers in job.aside),
+                   tuple({n: self._slot(t) for n, t in buffers.items()} for buffers in job.inplace_before),
+                   job.working_set_bytes, job.method,
+                   None if job.unwritten is None else self._slot(job.unwritten), self._arena_bytes())
         message = self._ask(request, "timed")
         report = self._report(message.get("report"))
         timing = self._checked(timing_from, message.get("timing"))
         prepared = self._checked(integer, message.get("prepared"))
-        copied = self._checked(lambda v: integer(v, optional=True), message.get("copied_set"))
+        copied = self._checked(lambda v: _copied_sets(v, len(job.verified)), message.get("copied_sets"))
         return TimingAnswer(timing, report, prepared, copied)
 
     def tampering(self) -> list[str]:
@@ -198,3 +200,10 @@ class WorkerRunner:
         """The CPU time of the worker's calling thread, read from ``/proc`` here (the worker
         cannot change it)."""
         return None if self.process.pid is None else cpu_seconds(self.process.pid)
+
+
+def _copied_sets(value: Any, count: int) -> tuple[int | None, ...]:
+    """The ``copied_sets`` field of a ``timed`` answer: one optional integer per verified call."""
+    if not isinstance(value, list) or len(value) != count:
+        raise WireError(f"expected {count} copied sets, got {value!r}"[:200])
+    return tuple(integer(v, optional=True) for v in value)

@@ -19,7 +19,7 @@ from kernelforge.devices.base import Device
 from kernelforge.execute.arena import ArenaView
 from kernelforge.execute.fingerprint import poison_free_memory
 from kernelforge.execute.guard import CallReport, raised, run_call, settle
-from kernelforge.execute.harness import harness_changes, harness_snapshot
+from kernelforge.execute.harness import harness_changes, harness_snapshot, reset_candidate_state
 from kernelforge.execute.runner import load_candidate
 from kernelforge.execute.timed_calls import TimingJob, run_timed
 from kernelforge.execute.wire import report_to, timing_to, verification_to
@@ -75,6 +75,7 @@ class WorkerSession:
             return {"kind": "tampering", "changed": harness_changes(self.snapshot) if self.snapshot else []}
         if kind == "release":
             self.runs.clear()
+            reset_candidate_state()  # the next candidate starts from Triton's defaults
             self.snapshot = None
             return {"kind": "released", "retire": self.healthy()}
         raise ValueError(f"unknown request {kind!r}")
@@ -105,17 +106,20 @@ class WorkerSession:
         return report
 
     def time(self, handle: int, sets: tuple, outputs: tuple[str, ...], inplace: tuple[str, ...], reset: bool,
-             chosen: int, aside: dict, before: dict, working_set_bytes: int, method: str | None = None) -> dict[str, Any]:
+             verified: tuple, aside: tuple, before: tuple, working_set_bytes: int, method: str | None = None,
+             unwritten: Any = None) -> dict[str, Any]:
         job = TimingJob(tuple(self.arguments(wire) for wire in sets), tuple(outputs), tuple(inplace), bool(reset),
-                        int(chosen), {name: self.tensor(slot) for name, slot in aside.items()},
-                        {name: self.tensor(slot) for name, slot in before.items()}, int(working_set_bytes),
-                        None if method is None else str(method))
+                        tuple(int(i) for i in verified),
+                        tuple({name: self.tensor(slot) for name, slot in buffers.items()} for buffers in aside),
+                        tuple({name: self.tensor(slot) for name, slot in buffers.items()} for buffers in before),
+                        int(working_set_bytes), None if method is None else str(method),
+                        None if unwritten is None else self.tensor(unwritten))
         answer = run_timed(self.runs[handle], self.device, job)
         if answer.report.ok:
             try:
                 self.device.synchronize()  # the aside copies are read by the trusted side next
             except Exception as exc:
                 return {"kind": "timed", "timing": None, "report": report_to(CallReport.of(raised(exc))),
-                        "prepared": answer.prepared, "copied_set": None}
+                        "prepared": answer.prepared, "copied_sets": [None] * len(job.verified)}
         return {"kind": "timed", "timing": timing_to(answer.timing), "report": report_to(answer.report),
-                "prepared": answer.prepared, "copied_set": answer.copied_set}
+                "prepared": answer.prepared, "copied_sets": list(answer.copied_sets)}

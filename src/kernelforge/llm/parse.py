@@ -77,10 +77,11 @@ def template_id_for(block_id: str, text: str) -> str:
 
 
 def llm_template(text: str, block_id: str, where: str) -> Template:
-    """Build a generated template from its text: always a variant of origin ``llm`` whatever its
-    header says (the role and origin are facts about where it came from, not the model's claims)."""
-    template = Template.from_text(text, template_id=template_id_for(block_id, text), block_id=block_id, where=where)
-    return replace(template, role="variant", origin="llm")
+    """Build a generated template from its text: always a variant of origin ``llm`` without
+    per-shape baselines, whatever its header says (:meth:`Template.as_proposed`); a header key that
+    would set a rule of the judge (``deterministic``, ...) is refused like in any template."""
+    return Template.from_text(text, template_id=template_id_for(block_id, text), block_id=block_id,
+                              where=where).as_proposed()
 
 
 def parse_answer(text: str, block_id: str, *, finish_reason: str | None = None, where: str = "answer",

@@ -199,8 +199,7 @@ class EvaluationLoop:
     def _measure(self, item: _Pending) -> None:
         study = item.study
         self.run.progress.event("measuring", block=study.block.id, candidate=item.candidate.id, params=item.point)
-        results = self.pipeline.measure(study.block, item.candidate, study.shapes, item.compiled,
-                                        study.template.deterministic)
+        results = self.pipeline.measure(study.block, item.candidate, study.shapes, item.compiled)
         self.shares.finish(study, item.candidate)
         ordered = [results[s.name] for s in study.shapes]
         reason = self.pipeline.infeasible(item.candidate, ordered)

@@ -69,8 +69,8 @@ class Pipeline:
         return self.pool.submit(candidate.source, candidate.block_id, self.run.catalog.root, self.run.dtype_name,
                                 self.run.target)
 
-    def measure(self, block: Block, candidate: Candidate, shapes: list[Shape], compiled: Future | None,
-                deterministic: bool) -> dict[str, StoredResult]:
+    def measure(self, block: Block, candidate: Candidate, shapes: list[Shape],
+                compiled: Future | None) -> dict[str, StoredResult]:
         """Results of ``candidate`` on ``shapes``: stored ones, else compile/verify/time and store."""
         self.run.store.add_candidate(candidate, self.run.job.name)
         results = self.stored(candidate, shapes)
@@ -86,7 +86,7 @@ class Pipeline:
                            for s in missing]
         else:
             evaluations = self.run.executor.evaluate(block, candidate.source, missing, self.run.dtype,
-                                                     deterministic=deterministic, plan=self.plans.get(block.id))
+                                                     plan=self.plans.get(block.id))
         for ev in evaluations:
             row = self.row(candidate, ev)
             self.run.store.add_result(row)
@@ -121,7 +121,7 @@ class Pipeline:
             for group in groups.values():
                 candidate = by_shape[group[0].name]
                 source = "; ".join(dict.fromkeys(template.baseline_for(s).source for s in group))
-                results = self._measure_baseline(block, candidate, group, template.deterministic)
+                results = self._measure_baseline(block, candidate, group)
                 failed = [results[s.name] for s in group if not results[s.name].ok]
                 if failed:
                     raise UserError(
@@ -138,8 +138,7 @@ class Pipeline:
                                                                        for name, r in measured[block.id].items()))
         return measured
 
-    def _measure_baseline(self, block: Block, candidate: Candidate, group: list[Shape],
-                          deterministic: bool) -> dict[str, StoredResult]:
+    def _measure_baseline(self, block: Block, candidate: Candidate, group: list[Shape]) -> dict[str, StoredResult]:
         """A baseline's results on ``group``, measured once among the job's workers: claimed (at no
         cost to any budget) and measured here, or a peer's claim waited for (taken over if it dies)."""
         shapes = shapes_key(group)
@@ -149,12 +148,12 @@ class Pipeline:
                 return stored
             state = self.run.ledger.claim("baselines", candidate.id, shapes, candidate.point, free=True)
             if state in (ClaimState.GRANTED, ClaimState.TAKEN_OVER):
-                results = self.measure(block, candidate, group, self.submit_compile(candidate), deterministic)
+                results = self.measure(block, candidate, group, self.submit_compile(candidate))
                 self.run.ledger.finish(candidate.id, shapes)
                 return results
             if state is ClaimState.DONE:  # stored by a peer since we looked (or its results are lost)
                 stored = self.stored(candidate, group)
-                return stored if len(stored) == len(group) else self.measure(block, candidate, group, None, deterministic)
+                return stored if len(stored) == len(group) else self.measure(block, candidate, group, None)
             time.sleep(BASELINE_POLL_S)  # a peer is measuring it
 
     def _compile_failure(self, candidate: Candidate, compiled: Future | None) -> tuple[Status, str] | None:
