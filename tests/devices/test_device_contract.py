@@ -23,7 +23,8 @@ RUNNABLE = [InterpretDevice, SkeletonDevice]  # time() and describe() work witho
 @pytest.mark.parametrize("cls", DEVICES, ids=lambda c: c.__name__)
 def test_every_device_states_its_capabilities(cls):
     assert issubclass(cls, Device) and cls.name and isinstance(cls.torch_device, str)
-    for flag in ("measures_hardware", "jit_on_first_call", "address_space_limit", "rotates_input_sets"):
+    for flag in ("measures_hardware", "jit_on_first_call", "address_space_limit", "rotates_input_sets",
+                 "prepares_every_call"):
         assert isinstance(getattr(cls, flag), bool), f"{cls.__name__}.{flag}"
     assert Role(cls.sandbox_role) in Role  # a role the sandbox knows
     assert cls.fatal_errors is None or isinstance(cls.fatal_errors, re.Pattern)

@@ -52,7 +52,7 @@ def crosscheck(ctx: click.Context, job_files: tuple[str, ...], device_name: str 
     rows = []
     for job, catalog in loaded:
         rows += cross_check(catalog, [(spec.id, spec.shapes) for spec in job.blocks], dtype_of(job.dtype), device)
-    label = "interpreter wall time on the CPU, not GPU speed" if device.name == "interpret" else "GPU time"
+    label = "GPU time" if device.measures_hardware else "interpreter wall time on the CPU, not GPU speed"
     click.echo(f"{'block':28} {'shape':30} {'kernelforge':>12} {'method':12} {'way 2':>10} {'graph':>10} "
                   f"{'ratio 2':>8} {'graph/kf':>8}  ({label})")
     for row in rows:

@@ -35,7 +35,11 @@ candidate on. Its contract, which every device keeps:
       memory than any limit would allow);
   ``rotates_input_sets``
       whether timing rotates several freshly generated input sets (to keep a cache cold) or
-      uses one (the interpreter: no cache to defeat, and its calls are slow).
+      uses one (the interpreter: no cache to defeat, and its calls are slow);
+  ``prepares_every_call``
+      whether ``time`` runs ``before(i)`` right before call ``i`` in every phase on one input
+      set, so that every call of a round can be verified (a GPU's timed loops and graph replays
+      do not).
 
   ``tests/devices/test_device_contract.py`` runs the contract on every device, and on a skeleton
   device that shows what a new one (a ROCm GPU, say) must provide (docs/devices.md).
@@ -92,6 +96,7 @@ class Device(ABC):
     fatal_errors: "re.Pattern[str] | None" = None
     address_space_limit: bool = True
     rotates_input_sets: bool = False
+    prepares_every_call: bool = True
 
     def prepare(self) -> None:
         """Make the device usable in this process (before any candidate module is loaded)."""

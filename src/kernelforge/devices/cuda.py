@@ -99,6 +99,7 @@ class CudaDevice(Device):
     fatal_errors = CUDA_FATAL
     address_space_limit = False
     rotates_input_sets = True
+    prepares_every_call = False
 
     def __init__(self, warmup: int = 10, rounds: int = 3, calls_per_round: int = 50, index: int = 0):
         self.warmup = warmup

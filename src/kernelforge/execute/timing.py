@@ -113,7 +113,7 @@ def input_set_count(counts: Counts, device: Device) -> int:
     l2_guess = 64 * 2**20
     n_sets = max(1, min(MAX_INPUT_SETS, math.ceil(2 * l2_guess / max(working_set, 1))))
     n_sets = max(1, min(n_sets, INPUT_SET_MEMORY_BUDGET // max(working_set, 1)))
-    return 1 if device.name == "interpret" else n_sets
+    return n_sets if device.rotates_input_sets else 1
 
 
 #: How many calls of a round get their unwritten outputs counted (more than any device makes).
@@ -131,7 +131,7 @@ def verified_calls(device: Device, rng: random.Random | None = None) -> tuple[in
     (:class:`~kernelforge.execute.timed_calls.TimingJob`), and the last call on each input set is
     verified after the round (:func:`~kernelforge.execute.timing_check.check_round`)."""
     warmup = int(getattr(device, "warmup", 0) or 0)
-    if device.name == "interpret":
+    if device.prepares_every_call:
         return tuple(range(max(1, warmup + int(getattr(device, "repeats", 0) or 0))))
     return ((rng or random.SystemRandom()).randrange(max(1, warmup)),)
 

@@ -128,7 +128,7 @@ def check_round(block: Block, shape: Shape, dtype: torch.dtype, device: Device, 
                           f"{name} (timed call {index + 1}, verified after timing)")
         if problem is not None:
             return problem
-    if device.name != "interpret" and len(sets) == 1 and done.prepared and (block.inplace_reset or not spec.inplace):
+    if not device.prepares_every_call and len(sets) == 1 and done.prepared and (block.inplace_reset or not spec.inplace):
         # One input set: whatever loop ran last (timed events, graph replays, the energy round)
         # called it on the inputs of the last preparation, so its outputs are that call's results.
         # (With several sets a loop may call a set another preparation was for: not judged here.)

@@ -129,13 +129,13 @@ class WorkerExecutor:
         if memory_limit is None:
             memory_limit = default_memory_limit()
         #: bytes of address space the worker may use; None on cuda (see the sandbox)
-        self.memory_limit = None if (not memory_limit or device.name == "cuda") else int(memory_limit)
+        self.memory_limit = int(memory_limit) if memory_limit and device.address_space_limit else None
         if threads is None:
             threads = torch.get_num_threads()  # as many as the search itself uses (tests: 1)
         self.threads = threads
         self._process = WorkerProcess(("init", _device_spec(device), threads), memory_limit=self.memory_limit,
                                       extra_secrets=tuple(extra_secrets), startup_timeout=startup_timeout,
-                                      shared_arena=device.name != "cuda")
+                                      shared_arena=torch.device(device.torch_device).type == "cpu")
         #: a request is in flight (an interrupted request leaves the pipes mid-conversation)
         self._busy = False
         #: workers started so far (tests and progress read it)

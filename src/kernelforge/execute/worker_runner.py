@@ -26,7 +26,6 @@ also counted from outside (``/proc``), where the candidate cannot lie about them
 from __future__ import annotations
 
 import os
-import re
 import time
 from typing import Any, Mapping, Sequence
 
@@ -41,16 +40,13 @@ from kernelforge.execute.worker_process import WorkerGone, WorkerProcess
 from kernelforge.execute.worker_serve import TENSOR, VALUE
 from kernelforge.result import Status, Verification
 
-#: Markers of a CUDA error in a message: the worker's context is unusable after one.
-CUDA_ERROR = re.compile(r"CUDA error|illegal memory access|device-side assert|unspecified launch failure|"
-                        r"misaligned address|CUDA_ERROR|cudaError|an illegal instruction", re.IGNORECASE)
-
 
 class WorkerRunner:
     """Runs one candidate session in ``process`` for the judge (see the module docstring).
 
     ``device`` is the trusted side's copy of the worker's device. ``retire`` is set when the
-    worker must not serve another candidate after this one (a CUDA error)."""
+    worker must not serve another candidate after this one (a message matching the device's
+    ``fatal_errors``: a CUDA error)."""
 
     def __init__(self, process: WorkerProcess, device: Device, *, compile_timeout: float, run_timeout: float):
         self.process = process
@@ -81,7 +77,7 @@ class WorkerRunner:
         elif label == "compile":
             self._label, limit = "importing the candidate", self.compile_timeout
         else:
-            jit = not self._compiled and self.device.name == "cuda"
+            jit = not self._compiled and self.device.jit_on_first_call
             self._compiled = True
             self._label, limit = f"running {label}", self.run_timeout + (self.compile_timeout if jit else 0)
         self._limit = limit
@@ -109,14 +105,15 @@ class WorkerRunner:
 
     def _report(self, value: Any) -> CallReport:
         report = self._checked(report_from, value)
-        if not report.ok and self.device.name == "cuda" and CUDA_ERROR.search(report.message):
-            self.retire = "CUDA error: " + report.message[:200]
+        fatal = self.device.fatal_errors
+        if not report.ok and fatal is not None and fatal.search(report.message):
+            self.retire = f"{self.device.name} error: " + report.message[:200]
         return report
 
     def _tasks(self) -> int | None:
         """The worker's thread count as the kernel sees it (interpreter only: on a GPU the driver
         starts threads of its own)."""
-        if self.device.name != "interpret" or self.process.pid is None:
+        if self.device.sandbox_role != "interpreter" or self.process.pid is None:  # a GPU driver's own threads
             return None
         try:
             return len(os.listdir(f"/proc/{self.process.pid}/task"))
