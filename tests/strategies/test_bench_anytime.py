@@ -17,7 +17,8 @@ from kernelforge.strategies import anytime
 from kernelforge.strategies.bench import bench, bench_spaces, run_one
 from kernelforge.strategies.bench_report import format_summary, to_json
 from kernelforge.strategies.recorded import load_kernel_tuner_cache
-from kernelforge.strategies.transfer import warm_points
+from kernelforge.strategies.names import make_strategy
+from kernelforge.strategies.transfer import rank_scores, warm_points
 
 
 def write_cache(path: Path, params: dict, records: dict, device: str = "GPU A") -> Path:
@@ -122,3 +123,23 @@ def test_cli_warm_from_benches_only_the_other_recordings_of_the_kernel(pair, tmp
     lone = CliRunner().invoke(main, ["strategy-bench", str(tmp_path / "other.json"), "--strategy", "grid",
                                      "--warm-from", str(tmp_path / "k_A.json")])
     assert lone.exit_code != 0 and "no other recording of its kernel" in lone.output
+
+
+def test_rank_scores_order_the_source_and_put_its_failures_last(pair):
+    source, target, _ = pair
+    scores = rank_scores(source, target)
+    assert set(scores) == set(source.records)  # same parameter order here: the same keys
+    ranked = sorted((k for k in scores if k != (4, 2)), key=scores.get)
+    assert ranked == sorted((k for k in source.records if k != (4, 2)), key=source.records.get)
+    assert scores[(4, 1)] == pytest.approx(0.0) and scores[(1, 2)] == pytest.approx(1.0)  # fastest, slowest
+    assert scores[(4, 2)] == 1.0  # it failed there
+
+
+def test_auto_reads_the_rank_scores_as_one_more_input(pair):
+    source, target, _ = pair
+    cold = make_strategy("auto", target.space, seed=0)
+    warm = make_strategy("auto", target.space, seed=0, transfer=rank_scores(source, target))
+    assert warm._encoder.width == cold._encoder.width + 1
+    assert list(warm._encoder.encode([(4, 1), (1, 2)])[:, -1]) == pytest.approx([0.0, 1.0])
+    # A strategy without a model of it is built as before.
+    assert type(make_strategy("grid", target.space, transfer={(4, 1): 0.0})).__name__ == "GridStrategy"

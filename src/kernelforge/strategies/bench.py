@@ -28,7 +28,8 @@ checkpoint after the stop reads the best at the stop.
 
 With ``warm`` (a transfer: :mod:`kernelforge.strategies.transfer`), every run on a space first asks
 the given points of that space (the best-ranked configurations another GPU recorded), as a search
-with a warm start does; they cost evaluations like any other point.
+with a warm start does, and they cost evaluations like any other point; a strategy that models
+them (``auto``) also gets every configuration's rank there.
 Formatting and JSON are in :mod:`kernelforge.strategies.bench_report`; the CLI is
 ``kernelforge strategy-bench PATH`` (a cache file or a folder of them).
 """
@@ -49,7 +50,7 @@ from kernelforge.strategies import anytime
 from kernelforge.strategies.anytime import CHECKPOINTS, checkpoints
 from kernelforge.strategies.names import STRATEGY_NAMES, make_strategy
 from kernelforge.strategies.recorded import RecordedSpace
-from kernelforge.strategies.transfer import warm_points
+from kernelforge.strategies.transfer import rank_scores, warm_points
 
 #: Thresholds: "within 1%" means best <= optimum * 1.01.
 THRESHOLDS = (0.01, 0.05, 0.10)
@@ -161,10 +162,11 @@ class SpaceBench:
 
 
 def run_one(space: RecordedSpace, strategy: str, seed: int, budget: int, *, stop: bool = False,
-            first: Sequence[Mapping[str, object]] = ()) -> BenchRun:
+            first: Sequence[Mapping[str, object]] = (), transfer: Mapping | None = None) -> BenchRun:
     """Run one strategy with one seed for up to ``budget`` evaluations on the recorded space (with
     ``stop``: until it is within the tightest threshold, 1%, of the optimum), asking the points
-    ``first`` before any other (a warm start; they are evaluations like any other).
+    ``first`` before any other (a warm start; they are evaluations like any other) and giving a
+    strategy that models them the rank scores ``transfer`` (:mod:`kernelforge.strategies.transfer`).
 
     Raises RuntimeError when the strategy asks a configuration that is not recorded: the space's
     feasible set excludes those, so that is a broken strategy, not a measurement.
@@ -172,7 +174,7 @@ def run_one(space: RecordedSpace, strategy: str, seed: int, budget: int, *, stop
     _, optimum = space.optimum()
     marks = set(checkpoints(budget))
     start = time.perf_counter()
-    chosen = make_strategy(strategy, space.space, seed=seed, baseline=list(first) or None)
+    chosen = make_strategy(strategy, space.space, seed=seed, baseline=list(first) or None, transfer=transfer)
     reached: dict[float, int | None] = {t: None for t in THRESHOLDS}
     best_at: dict[int, float | None] = {}
     ask_ms: list[float] = []
@@ -257,6 +259,7 @@ def bench_spaces(
     for space in spaces:
         space.optimum()  # a space with no recorded time: UserError now, not in a worker
     firsts = tuple(tuple(warm_points(warm, space)) if warm is not None else () for space in spaces)
+    scores = tuple(rank_scores(warm, space) if warm is not None else None for space in spaces)
     for name in names if spaces else ():
         make_strategy(name, spaces[0].space, seed=0)
     tasks = [(i, name, seed) for i in range(len(spaces)) for name in names
@@ -265,12 +268,13 @@ def bench_spaces(
     per_space = len(names) * seeds
     warm_name = warm.name if warm is not None else None
     if jobs == 1:
-        runs = (run_one(spaces[i], name, seed, budget, stop=stop, first=firsts[i]) for i, name, seed in tasks)
+        runs = (run_one(spaces[i], name, seed, budget, stop=stop, first=firsts[i], transfer=scores[i])
+                for i, name, seed in tasks)
         yield from _group(spaces, names, seeds, budget, runs, per_space, stop, warm_name, firsts)
         return
     # The spaces go to each worker once (initializer), the tasks are small tuples.
     with ProcessPoolExecutor(max_workers=jobs, initializer=_init_worker,
-                             initargs=(tuple(spaces), budget, stop, firsts)) as pool:
+                             initargs=(tuple(spaces), budget, stop, firsts, scores)) as pool:
         runs = pool.map(_run_task, tasks, chunksize=1)  # results in task order, whatever finishes first
         yield from _group(spaces, names, seeds, budget, runs, per_space, stop, warm_name, firsts)
 
@@ -304,11 +308,13 @@ def _group(spaces: list[RecordedSpace], names: list[str], seeds: int, budget: in
 _WORKER: dict[str, object] = {}
 
 
-def _init_worker(spaces: tuple[RecordedSpace, ...], budget: int, stop: bool, firsts: tuple[tuple, ...]) -> None:
+def _init_worker(spaces: tuple[RecordedSpace, ...], budget: int, stop: bool, firsts: tuple[tuple, ...],
+                 scores: tuple) -> None:
     _WORKER["spaces"] = spaces
     _WORKER["budget"] = budget
     _WORKER["stop"] = stop
     _WORKER["firsts"] = firsts
+    _WORKER["scores"] = scores
 
 
 def _run_task(task: tuple[int, str, int]) -> BenchRun:
@@ -316,7 +322,8 @@ def _run_task(task: tuple[int, str, int]) -> BenchRun:
     spaces: tuple[RecordedSpace, ...] = _WORKER["spaces"]  # type: ignore[assignment]
     budget: int = _WORKER["budget"]  # type: ignore[assignment]
     firsts: tuple[tuple, ...] = _WORKER["firsts"]  # type: ignore[assignment]
-    return run_one(spaces[index], name, seed, budget, stop=bool(_WORKER["stop"]), first=firsts[index])
+    return run_one(spaces[index], name, seed, budget, stop=bool(_WORKER["stop"]), first=firsts[index],
+                   transfer=_WORKER["scores"][index])  # type: ignore[index]
 
 
 def summarise(name: str, runs: tuple[BenchRun, ...], budget: int, optimum: float) -> BenchRow:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -43,7 +43,13 @@ class Encoder:
     at least ``by_value`` values, then the power-of-two columns of integer parameters with at least
     ``power_of_two`` values of both kinds (``powers_of_two`` lists those parameters).
     ``initial_log_lengths`` starts the groups after the first ``len(space.params)`` long, so the
-    smooth reading of the rank is the prior and the data must show the others."""
+    smooth reading of the rank is the prior and the data must show the others.
+
+    ``transfer`` (point key -> a score in [0, 1], 0 for the configuration that was fastest on
+    another GPU: :func:`kernelforge.strategies.transfer.rank_scores`) adds one last column, a
+    group of its own that starts as short as a parameter's: the model reads "ranked well there"
+    as an input like any parameter and learns from the data how much it says here; a point
+    without a score reads 0.5."""
 
     by_value = 4
     #: An integer parameter with at least this many values, some of them powers of two and some
@@ -53,8 +59,9 @@ class Encoder:
     #: first counts for little; the fit shortens it where the data show its effect).
     by_value_log_length = 1.0
 
-    def __init__(self, space: Space):
+    def __init__(self, space: Space, transfer: Mapping[tuple[Any, ...], float] | None = None):
         self.space = space
+        self.transfer = dict(transfer) if transfer else None
         self.maps: list[dict[Any, np.ndarray]] = []
         self.groups: list[list[int]] = []
         column = 0
@@ -88,6 +95,12 @@ class Encoder:
         for _ in self.powers_of_two:
             self.groups.append([column])
             column += 1
+        #: The group of the transfer column (None without one).
+        self.transfer_group: int | None = None
+        if self.transfer is not None:
+            self.transfer_group = len(self.groups)
+            self.groups.append([column])
+            column += 1
         self.width = column
 
     def initial_log_lengths(self) -> np.ndarray:
@@ -95,6 +108,8 @@ class Encoder:
         the value-by-value and power-of-two groups."""
         out = np.zeros(len(self.groups))
         out[len(self.maps):] = self.by_value_log_length
+        if self.transfer_group is not None:
+            out[self.transfer_group] = 0.0
         return out
 
     def encode(self, keys: Sequence[tuple[Any, ...]]) -> np.ndarray:
@@ -104,6 +119,8 @@ class Encoder:
             parts = [m[hashable(v)] for m, v in zip(self.maps, key)]
             parts.extend(m[key[p]] for p, m in self.by_values)
             parts.append(np.array([float(is_power_of_two(key[p])) for p in self.powers_of_two]))
+            if self.transfer is not None:
+                parts.append(np.array([self.transfer.get(tuple(key), 0.5)]))
             out[row] = np.concatenate(parts)
         return out
 

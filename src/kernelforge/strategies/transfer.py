@@ -9,10 +9,17 @@ configuration that failed there is left out), and keeps the first
 parameters, values and feasible set), the same number a search's ``--warm-start`` asks first.
 The strategy bench (``--warm-from SPACE``) asks them before its strategy's own points, as a search
 does: each costs an evaluation. Only the order is used, never a source time.
+
+:func:`rank_scores` gives a model the whole order: each configuration's rank on the source as a
+score in [0, 1] (the normal score of its rank, so the few best stand apart from the many middling:
+0 for the fastest, 0.5 for the median, 1 for the slowest; a configuration that failed there
+scores 1). ``auto`` reads it as one more input of its Gaussian processes
+(:class:`~kernelforge.strategies.surrogate.Encoder`), and the fit decides how much it says.
 """
 
 from __future__ import annotations
 
+from statistics import NormalDist
 from typing import Any
 
 from kernelforge.errors import UserError
@@ -44,3 +51,22 @@ def warm_points(source: RecordedSpace, target: RecordedSpace, limit: int = DEFAU
             if len(out) == limit:
                 break
     return out
+
+
+def rank_scores(source: RecordedSpace, target: RecordedSpace) -> dict[tuple[Any, ...], float]:
+    """Each configuration ``source`` recorded, keyed in ``target``'s parameter order, with its
+    rank score (see the module docstring). Raises UserError as :func:`warm_points` does."""
+    if not same_kernel(source, target):
+        raise UserError(f"--warm-from {source.name}: {target.name} is not another recording of its kernel")
+    ranked = sorted((value, i, key) for i, (key, value) in enumerate(source.records.items()) if isinstance(value, float))
+    normal = NormalDist()
+    edge = normal.inv_cdf(0.5 / len(ranked)) if ranked else -1.0  # the fastest's normal score (negative)
+    order = [source.space.names.index(name) for name in target.space.names]
+    scores: dict[tuple[Any, ...], float] = {}
+    for rank, (_, _, key) in enumerate(ranked):
+        z = normal.inv_cdf((rank + 0.5) / len(ranked))
+        scores[tuple(key[i] for i in order)] = 0.5 - 0.5 * z / edge
+    for key, value in source.records.items():
+        if not isinstance(value, float):
+            scores[tuple(key[i] for i in order)] = 1.0
+    return scores
