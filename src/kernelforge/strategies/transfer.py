@@ -20,7 +20,7 @@ scores 1). ``auto`` reads it as one more input of its Gaussian processes
 from __future__ import annotations
 
 from statistics import NormalDist
-from typing import Any
+from typing import Any, Hashable, Iterable, Sequence
 
 from kernelforge.errors import UserError
 from kernelforge.search.warm import DEFAULT_LIMIT
@@ -59,14 +59,21 @@ def rank_scores(source: RecordedSpace, target: RecordedSpace) -> dict[tuple[Any,
     if not same_kernel(source, target):
         raise UserError(f"--warm-from {source.name}: {target.name} is not another recording of its kernel")
     ranked = sorted((value, i, key) for i, (key, value) in enumerate(source.records.items()) if isinstance(value, float))
-    normal = NormalDist()
-    edge = normal.inv_cdf(0.5 / len(ranked)) if ranked else -1.0  # the fastest's normal score (negative)
     order = [source.space.names.index(name) for name in target.space.names]
-    scores: dict[tuple[Any, ...], float] = {}
-    for rank, (_, _, key) in enumerate(ranked):
+    return scores_of([tuple(key[i] for i in order) for _, _, key in ranked],
+                     [tuple(key[i] for i in order) for key, value in source.records.items() if not isinstance(value, float)])
+
+
+def scores_of(ranked: Sequence[Hashable], failed: Iterable[Hashable] = ()) -> dict[Hashable, float]:
+    """The rank score of each of ``ranked`` (fastest first) and 1.0 for each of ``failed``: the one
+    rule of the module docstring, for a recorded space and for a search's stored results
+    (:mod:`kernelforge.search.warm`)."""
+    normal = NormalDist()
+    edge = normal.inv_cdf(0.5 / len(ranked)) if len(ranked) > 1 else -1.0  # the fastest's normal score
+    scores: dict[Hashable, float] = {}
+    for rank, key in enumerate(ranked):
         z = normal.inv_cdf((rank + 0.5) / len(ranked))
-        scores[tuple(key[i] for i in order)] = 0.5 - 0.5 * z / edge
-    for key, value in source.records.items():
-        if not isinstance(value, float):
-            scores[tuple(key[i] for i in order)] = 1.0
+        scores[key] = 0.5 - 0.5 * z / edge
+    for key in failed:
+        scores.setdefault(key, 1.0)
     return scores
