@@ -7,6 +7,7 @@ import json
 import re
 from pathlib import Path
 
+from kernelforge.strategies import anytime
 from kernelforge.strategies.bench import fraction_interval
 
 REPORT = Path(__file__).resolve().parents[2] / "reports" / "strategy-bench"
@@ -63,3 +64,18 @@ def test_the_transfer_table_is_the_stored_runs():
         assert interval.strip() == f"{low:.2f}-{high:.2f}"
         for cell, s in ((cold_area, cold), (warm_area, warm)):
             assert cell.strip() == f"{s['area']:.3f} ({s['area_interval'][0]:.3f}-{s['area_interval'][1]:.3f})"
+            # ... and the stored area is what the stored runs' traces give.
+            traces = [_trace(run) for run in s["runs"]]
+            optimum = runs["cold"][0]["optimum_ms"]
+            assert anytime.area(anytime.median_curve(traces, optimum, budget)) == s["area"]
+            assert list(anytime.area_interval(traces, optimum, budget)) == s["area_interval"]
+
+
+def _trace(run: dict) -> list:
+    """A run's best after each evaluation, from its stored improvements."""
+    improved = {int(n): best for n, best in run["trace"]}
+    out, best = [], None
+    for n in range(1, run["evaluations"] + 1):
+        best = improved.get(n, best)
+        out.append(best)
+    return out

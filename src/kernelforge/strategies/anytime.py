@@ -15,7 +15,7 @@ seeds of one strategy on one space:
   curve over the budget) with the optimum as the reference and no random-search baseline
   subtracted: random search is benched beside every strategy and reads on the same scale.
 
-The area's :data:`~kernelforge.strategies.bench.LEVEL` interval (:func:`area_interval`) resamples
+The area's :data:`~kernelforge.strategies.bench_stats.LEVEL` interval (:func:`area_interval`) resamples
 the seeds with replacement, a fixed number of times from a fixed seed, and takes the area of each
 resample's median curve.
 """
@@ -26,6 +26,8 @@ import math
 from typing import Sequence
 
 import numpy as np
+
+from kernelforge.strategies.bench_stats import percentile
 
 #: Evaluations after which the median best/optimum is reported (those within the budget).
 CHECKPOINTS = (10, 25, 50, 100, 200)
@@ -81,8 +83,6 @@ def area_interval(traces: Sequence[Sequence[float | None]], optimum: float, budg
         raise ValueError("the interval needs at least one run")
     rng = np.random.default_rng(seed)
     picks = rng.integers(0, len(matrix), size=(resamples, len(matrix)))
-    areas = np.sort(np.mean(1.0 / np.median(matrix[picks], axis=1), axis=1))
+    areas = sorted(np.mean(1.0 / np.median(matrix[picks], axis=1), axis=1).tolist())
     tail = (1 - level) / 2
-    low = areas[max(0, math.ceil(tail * resamples) - 1)]
-    high = areas[max(0, math.ceil((1 - tail) * resamples) - 1)]
-    return float(low), float(high)
+    return percentile(areas, tail), percentile(areas, 1 - tail)

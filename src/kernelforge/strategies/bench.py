@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import math
 import os
-import random
 import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -48,6 +47,7 @@ from typing import Iterator, Mapping, Sequence
 from kernelforge.errors import UserError
 from kernelforge.strategies import anytime
 from kernelforge.strategies.anytime import CHECKPOINTS, checkpoints
+from kernelforge.strategies.bench_stats import LEVEL, RESAMPLES, fraction_interval, percentile
 from kernelforge.strategies.names import STRATEGY_NAMES, make_strategy
 from kernelforge.strategies.recorded import RecordedSpace
 from kernelforge.strategies.transfer import rank_scores, warm_points
@@ -56,9 +56,6 @@ from kernelforge.strategies.transfer import rank_scores, warm_points
 THRESHOLDS = (0.01, 0.05, 0.10)
 #: The strategy the summary compares the others with (Optuna's default).
 REFERENCE = "tpe"
-#: Bootstrap resamples behind the interval of a fraction, and that interval's coverage.
-RESAMPLES = 2000
-LEVEL = 0.95
 
 
 def default_strategies() -> tuple[str, ...]:
@@ -361,36 +358,9 @@ def ratio(best: float | None, optimum: float) -> float:
     return best / optimum if best is not None else math.inf
 
 
-def percentile(ordered: Sequence[float], q: float) -> float:
-    """The nearest-rank ``q`` quantile of sorted values (0.0 for none)."""
-    if not ordered:
-        return 0.0
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
-
-
 def evaluations_to(runs: Sequence[BenchRun], threshold: float, budget: int) -> list[int]:
     """Each run's evaluations to ``threshold``, a miss counted as ``budget + 1``."""
     return [r.reached[threshold] if r.reached[threshold] is not None else budget + 1 for r in runs]
-
-
-def fraction_interval(mine: Sequence[float], theirs: Sequence[float], *, resamples: int = RESAMPLES,
-                      level: float = LEVEL, seed: int = 0) -> tuple[float, float]:
-    """The ``level`` percentile-bootstrap interval of ``median(mine) / median(theirs)``.
-
-    Each side's runs are resampled with replacement on its own (seed i of one strategy has nothing
-    to do with seed i of the other), ``resamples`` times from a fixed ``seed``, so the same runs
-    always give the same interval. Twenty seeds of a strategy whose runs either find the optimum's
-    basin early or sit in another one for a hundred evaluations give a wide interval: a fraction
-    whose interval straddles a goal has not shown it.
-    """
-    if not mine or not theirs:
-        raise ValueError("both sides need at least one run")
-    rng = random.Random(seed)
-    fractions = sorted(
-        statistics.median(rng.choices(mine, k=len(mine))) / statistics.median(rng.choices(theirs, k=len(theirs)))
-        for _ in range(resamples))
-    tail = (1 - level) / 2
-    return percentile(fractions, tail), percentile(fractions, 1 - tail)
 
 
 def _relative(row: BenchRow, ref: BenchRow) -> Relative:
