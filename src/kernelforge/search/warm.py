@@ -40,6 +40,8 @@ from kernelforge.block import Shape
 from kernelforge.errors import UserError
 from kernelforge.result import StoredResult
 from kernelforge.space import Space
+from kernelforge.strategies.transfer import DEFAULT_LIMIT as WARM_LIMIT
+from kernelforge.strategies.transfer import scores_of
 from kernelforge.template import Template
 
 if TYPE_CHECKING:
@@ -48,8 +50,8 @@ if TYPE_CHECKING:
 
 #: The source meaning "other shapes of the same template in this storage".
 SHAPES = "shapes"
-#: How many warm points a study asks at most.
-DEFAULT_LIMIT = 4
+#: How many warm points a study asks at most (the strategy bench's ``--warm-from`` asks as many).
+DEFAULT_LIMIT = WARM_LIMIT
 
 
 @dataclass(frozen=True)
@@ -136,8 +138,6 @@ def collect(store: "Store", *, job_name: str, dtype: str, template: Template, sh
 def _scores(space: Space, candidates: Mapping[str, Any], ranking: list[tuple[str, float, int]],
             results: Iterable[StoredResult]) -> dict[tuple, float]:
     """The rank score of every ranked and every failed candidate that is a point of ``space``."""
-    from kernelforge.strategies.transfer import scores_of  # transfer imports this module's limit
-
     ranked_ids = {cid for cid, _, _ in ranking}
     keys = {}
     for cid in [cid for cid, _, _ in ranking] + [r.candidate_id for r in results if r.candidate_id not in ranked_ids]:

@@ -4,9 +4,9 @@ Times do not carry over between GPUs (another clock, memory, compiler), ranks do
 configurations that were fastest on one GPU of a kernel are often among the fastest on another.
 :func:`warm_points` ranks the source's successful configurations by time, the fastest first (one
 group, so this is :func:`kernelforge.search.warm.rank`'s rule: time over the fastest, and a
-configuration that failed there is left out), and keeps the first
-:data:`~kernelforge.search.warm.DEFAULT_LIMIT` that are points of the target space (the target's
-parameters, values and feasible set), the same number a search's ``--warm-start`` asks first.
+configuration that failed there is left out), and keeps the first :data:`DEFAULT_LIMIT` that are
+points of the target space (the target's parameters, values and feasible set), the same number a
+search's ``--warm-start`` asks first (:mod:`kernelforge.search.warm` reads it from here).
 The strategy bench (``--warm-from SPACE``) asks them before its strategy's own points, as a search
 does: each costs an evaluation. Only the order is used, never a source time.
 
@@ -23,8 +23,10 @@ from statistics import NormalDist
 from typing import Any, Hashable, Iterable, Sequence
 
 from kernelforge.errors import UserError
-from kernelforge.search.warm import DEFAULT_LIMIT
 from kernelforge.strategies.recorded import RecordedSpace
+
+#: How many warm points a study, or a run of the strategy bench, asks first at most.
+DEFAULT_LIMIT = 4
 
 
 def same_kernel(source: RecordedSpace, target: RecordedSpace) -> bool:
