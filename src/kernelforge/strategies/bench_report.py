@@ -129,7 +129,8 @@ def _relative_text(rel: Relative) -> str:
 
 def format_summary(results: Sequence[SpaceBench]) -> str:
     """One line per space: each strategy's median evaluations to 1% as a fraction of tpe's, and
-    its hit rate to 1% against tpe's ("" when tpe was not benched or is alone)."""
+    its hit rate to 1% against tpe's (none when tpe was not benched or is alone); then
+    :func:`format_anytime` ("" when there is neither)."""
     lines = []
     for result in results:
         relatives = result.relative()
