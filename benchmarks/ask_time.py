@@ -19,6 +19,14 @@ points that exist; each told value is the recorded time, a recorded failure is t
    how long the caller waited in ask(), and in tell() (a tell waits for an ask still running
    ahead); their sum is what the device idles per evaluation in a serial search loop.
 
+``--history H`` tells each strategy H recorded configurations first, drawn at random (seeded) from
+the feasible set with their recorded outcomes, as a resumed search tells its stored history (not
+asks, not evaluations); the checkpoints count them, so ``--history 380 --checkpoints 400`` times
+the 20 asks made with 380 to 399 trials told, in seconds rather than the many minutes that 400
+asks of ``auto`` take on a loaded host. The history is a random sample, not the strategy's own
+choices: what costs time at 400 told (the fit over the told points, the pool) depends on how many
+are told more than on which.
+
 The storage is the job's: a fresh SQLite file per run (``--storage`` for another URL, e.g. a
 PostgreSQL server; each run gets its own study name), opened like a search opens it (heartbeats
 on). Strategies that keep no study (``auto``, ``random``) ignore it. Every time printed is the
@@ -30,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -86,9 +95,16 @@ class Calls:
         return window(asks), window(tells), window([a + t for a, t in zip(asks, tells)]), free
 
 
-def drive(strategy: Strategy, recorded: RecordedSpace, trials: int, device_s: float, budget_s: float) -> Calls:
-    """Ask and tell up to ``trials`` points, sleeping ``device_s`` between each ask and its tell,
-    for at most ``budget_s`` seconds."""
+def drive(strategy: Strategy, recorded: RecordedSpace, trials: int, device_s: float, budget_s: float,
+          history: int = 0, seed: int = 0) -> Calls:
+    """Tell ``history`` random recorded configurations (seeded by ``seed``), then ask and tell up to
+    ``trials`` points, sleeping ``device_s`` between each ask and its tell, for at most
+    ``budget_s`` seconds."""
+    if history:
+        keys = random.Random(seed).sample(sorted(recorded.records, key=repr), history)
+        for key in keys:
+            point = dict(zip(recorded.space.names, key))
+            strategy.tell(point, recorded.lookup(point))
     calls = Calls([], [], [])
     end = time.perf_counter() + budget_s
     for _ in range(trials):
@@ -128,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--storage", default="", help="storage URL (default: a fresh SQLite file per run)")
     parser.add_argument("--budget-s", type=float, default=70.0,
                         help="seconds each run may take (a loaded host makes asks slow; later checkpoints are then missing)")
+    parser.add_argument("--history", type=int, default=0,
+                        help="random recorded configurations told as history first (counted in the checkpoints)")
     parser.add_argument("--quick", action="store_true", help="checkpoints 25,50, window 5, 40 s per run")
     args = parser.parse_args(argv)
     if args.quick:
@@ -137,13 +155,16 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in STRATEGY_NAMES]
     names = [n for n in names if n in STRATEGY_NAMES and strategy_available(n)]
     recorded = load_kernel_tuner_cache(args.space)
-    trials = checkpoints[-1]
+    if any(c - args.history < args.window for c in checkpoints):
+        parser.error("every checkpoint must be at least --history plus --window")
+    trials = checkpoints[-1] - args.history
 
     print("ASK TIME OF THE STRATEGIES: CPU (wall-clock) time of the strategy's own work on this host,")
     print("NOT GPU times. The device is simulated by a sleep in the 'ahead' run.")
     print(f"space {recorded.name} ({recorded.device}): {recorded.space.valid_count()[0]} feasible points; "
           f"storage {args.storage or 'a fresh SQLite file per run'}; {args.seeds} seed(s); window {args.window} asks; "
-          f"host: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start")
+          f"host: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start"
+          + (f"; {args.history} random recorded configurations told as history first" if args.history else ""))
     if unknown:
         print(f"skipped (not a strategy name here): {', '.join(unknown)}")
     print()
@@ -161,12 +182,12 @@ def main(argv: list[str] | None = None) -> int:
                     if run == "ahead":
                         strategy = AskAhead(strategy)
                     runs[run] = drive(strategy, recorded, trials, args.device_ms / 1000 if run == "ahead" else 0.0,
-                                      args.budget_s)
+                                      args.budget_s, args.history, seed)
                     if isinstance(strategy, AskAhead):
                         strategy.close()
                 for n in checkpoints:
                     for run, calls in runs.items():
-                        stats = calls.at(n, args.window)
+                        stats = calls.at(n - args.history, args.window)
                         label = f"{name}" + (f"#{seed}" if args.seeds > 1 else "")
                         if stats is None:
                             print(f"{label:<10} {run:<7} {n:>5}  (stopped after {len(calls.asks)} asks: {calls.why})")

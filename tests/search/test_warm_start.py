@@ -258,3 +258,19 @@ def test_a_search_with_an_unknown_source_in_its_job_file_stops_before_measuring(
     with pytest.raises(UserError, match="warm start 'nosuch': no job of that name .* its jobs: first"):
         run_job(write_job(tmp_path, shared_db, "typo", extra='warm_start = ["nosuch"]'))
     assert Store(f"sqlite:///{shared_db}").jobs() == ["first"]  # nothing of "typo" was measured
+
+
+def test_collect_gives_the_whole_ranking_as_rank_scores(tmp_path):
+    """Every ranked point of the space scores by its rank (0 the fastest, 1 the slowest), a point
+    that failed in a group scores 1, a stored point out of the space is left out: what auto reads."""
+    store = Store(f"sqlite:///{tmp_path / 'kf.db'}")
+    store_h100(store)
+    template = Catalog.discover(FIXTURES).template(TEMPLATE)
+    shapes = Catalog.discover(FIXTURES).block("toy/axpy").shapes("check")
+    found = collect(store, job_name="here", dtype="float16", template=template, shapes=shapes, sources=["h100"])
+    key = lambda point: tuple(point[name] for name in template.space.names)  # noqa: E731
+    ranked = [key(p) for p in H100_BEST + [{"BLOCK": 256, "num_warps": 1}, BASELINE]]
+    assert sorted(found.scores, key=found.scores.get)[:len(ranked)] == ranked
+    assert found.scores[ranked[0]] == pytest.approx(0.0) and found.scores[ranked[-1]] == pytest.approx(1.0)
+    assert found.scores[key({"BLOCK": 256, "num_warps": 2})] == 1.0  # wrong on one shape
+    assert len(found.scores) == len(ranked) + 1  # BLOCK 512 is not a point of the space

@@ -64,18 +64,18 @@ def test_folder_mode_prints_every_space_and_writes_json(folder, tmp_path):
     assert set(spaces) == {"alpha", "beta"}
     beta = spaces["beta"]
     assert (beta["device"], beta["feasible"], beta["grid_size"], beta["optimum_ms"]) == ("Test GPU", 3, 6, 1.5)
-    assert (beta["budget"], beta["seeds"], beta["checkpoints"]) == (30, 2, [25])
+    assert (beta["budget"], beta["seeds"], beta["checkpoints"]) == (30, 2, [10, 25])
     assert beta["optimum_point"] == {"a": 3, "b": 0.5}
     assert [s["strategy"] for s in beta["strategies"]] == ["grid", "random"]
     grid = beta["strategies"][0]
     # Grid order: (1,0.5) failed (an evaluation), (2,1.0)=3.0, (3,0.5)=1.5 the optimum at evaluation 3.
     assert grid["median_evaluations"] == {"0.01": 3, "0.05": 3, "0.1": 3}
     assert grid["hit_rate"] == {"0.01": 1.0, "0.05": 1.0, "0.1": 1.0}
-    assert grid["median_best_ratio_at"] == {"25": 1.0}
+    assert grid["median_best_ratio_at"] == {"10": 1.0, "25": 1.0}
     assert {"ask_ms_median", "ask_ms_p95", "median_free_tells", "seconds"} <= set(grid)
     run = grid["runs"][0]
     assert run["reached"] == {"0.01": 3, "0.05": 3, "0.1": 3}
-    assert run["best_ms_at"] == {"25": 1.5} and run["evaluations"] == 3 and run["best_ms"] == 1.5
+    assert run["best_ms_at"] == {"10": 1.5, "25": 1.5} and run["evaluations"] == 3 and run["best_ms"] == 1.5
     assert [r["seed"] for r in grid["runs"]] == [0, 1]
     assert "vs_tpe" not in grid  # tpe was not benched
 

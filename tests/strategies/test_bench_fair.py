@@ -59,7 +59,8 @@ def test_run_one_counts_the_failure_and_never_the_unrecorded(sparse):
     assert run.best_time == 2.0
     # Grid order: (1,10)=5.0, (2,20)=3.0, (3,30) failed, (4,10)=2.0 is the optimum at evaluation 4.
     assert run.reached == {0.01: 4, 0.05: 4, 0.10: 4}
-    assert run.best_at == {25: 2.0, 50: 2.0}  # space exhausted before the checkpoints: best stands
+    assert run.best_at == {10: 2.0, 25: 2.0, 50: 2.0}  # space exhausted before the checkpoints: best stands
+    assert run.trace == (5.0, 3.0, 3.0, 2.0, 2.0)  # the best after each evaluation
     assert len(run.ask_ms) == 6  # five points, then the ask that says nothing is left
 
 
@@ -70,8 +71,8 @@ def test_a_strategy_asking_an_unrecorded_point_is_caught(sparse):
 
 
 def test_checkpoints_within_the_budget():
-    assert checkpoints(10) == ()
-    assert checkpoints(100) == (25, 50, 100)
+    assert checkpoints(9) == ()
+    assert checkpoints(100) == (10, 25, 50, 100)
     assert checkpoints(10_000) == CHECKPOINTS
 
 
@@ -95,7 +96,7 @@ def test_random_samples_only_the_feasible_set_of_a_huge_grid():
 def test_bench_rows_carry_checkpoints_and_ask_times(sparse):
     rows = bench(sparse, ["grid"], seeds=2, budget=30)
     grid = rows[0]
-    assert list(grid.median_best_ratio_at) == [25]
+    assert list(grid.median_best_ratio_at) == [10, 25]
     assert grid.median_best_ratio_at[25] == 1.0
     assert grid.ask_ms_p95 >= grid.ask_ms_median >= 0
     assert all(len(run.ask_ms) == 6 for run in grid.runs)

@@ -158,11 +158,16 @@ def with_llm(job, mode: str | None, model: str | None, key_env: str | None):
               help="Parallel processes, one run each at a time (default: the CPU count); the figures do not depend on it.")
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), metavar="FILE",
               help="Also write every figure and each run's raw data as JSON to FILE.")
+@click.option("--warm-from", "warm_from", default=None, type=click.Path(dir_okay=False), metavar="SPACE",
+              help="A cache file of the same kernel on another GPU: every run first asks its best-ranked points "
+                   "(ranks, not times; as many as a search's --warm-start). Only PATH's spaces of that kernel are "
+                   "benched, never SPACE itself.")
 def strategy_bench(path: str, strategies: str | None, seeds: int, first_seed: int, stop: bool, budget: int,
-                   jobs: int | None, json_path: str | None) -> None:
+                   jobs: int | None, json_path: str | None, warm_from: str | None = None) -> None:
     """Compare search strategies on recorded tuning spaces: PATH is a Kernel Tuner cache file, or a
     folder whose every *.json / *.json.gz is one. Per space and strategy, over SEEDS seeds: evaluations
-    to get within 1%, 5% and 10% of the optimum, best/optimum after 25-200 evaluations, time per ask.
+    to get within 1%, 5% and 10% of the optimum, best/optimum after 10-200 evaluations and the area
+    under that curve, time per ask.
     Configurations absent from a cache are infeasible (never asked, never counted); recorded failures
     count as evaluations."""
     from kernelforge.strategies.bench import bench_spaces, default_strategies
@@ -172,9 +177,19 @@ def strategy_bench(path: str, strategies: str | None, seeds: int, first_seed: in
     if json_path is not None and not Path(json_path).resolve().parent.is_dir():
         raise UserError(f"--json {json_path}: its folder does not exist; create it or choose another path")
     spaces = [load_kernel_tuner_cache(file) for file in cache_files(path)]
+    warm = None
+    if warm_from is not None:
+        from kernelforge.strategies.transfer import same_kernel
+
+        warm = load_kernel_tuner_cache(warm_from)
+        spaces = [space for space in spaces if same_kernel(warm, space)]
+        if not spaces:
+            raise UserError(f"--warm-from {warm_from}: PATH holds no other recording of its kernel (a cache with the "
+                            f"same parameters: {', '.join(warm.space.names)})")
     names = default_strategies() if strategies is None else [n.strip() for n in strategies.split(",")]
     results = []
-    for result in bench_spaces(spaces, names, seeds=seeds, budget=budget, jobs=jobs, first_seed=first_seed, stop=stop):
+    for result in bench_spaces(spaces, names, seeds=seeds, budget=budget, jobs=jobs, first_seed=first_seed, stop=stop,
+                               warm=warm):
         results.append(result)
         click.echo(format_space(result) + "\n")
         if json_path is not None:

@@ -86,17 +86,20 @@ def make_strategy_for(run: "RunContext", template: Template, name: str, shapes: 
     """The job's strategy over ``template``'s space, starting at the baseline points of ``shapes``
     (:func:`start_points`), then, with ``[strategy] warm_start``, at the best stored points of its
     sources (:mod:`kernelforge.search.warm`; a proposed template's studies, made without shapes,
-    get none); a stateful strategy keeps its study, called ``name``, in the job's storage."""
+    get none), whose whole ranking a strategy that models it reads (``transfer``); a stateful
+    strategy keeps its study, called ``name``, in the job's storage."""
     job = run.job
     stateful = STRATEGIES[job.strategy.name].stateful
     firsts = start_points(template, shapes)
+    ranks: dict = {}
     if shapes:
-        firsts += warm_start_points(run, template, shapes, firsts)
+        warm, ranks = warm_start_points(run, template, shapes, firsts)
+        firsts += warm
     if run.objective is not job.objective:  # energy not measurable here: never mix with a measured study
         name = f"{name}|as-{run.objective}"
     strategy = make_strategy(job.strategy.name, template.space, seed=job.seed, baseline=firsts,
                              storage=run.store.url if stateful else None, study_name=name,
-                             objectives=objectives(run.objective))
+                             objectives=objectives(run.objective), transfer=ranks or None)
     advice = run.advisor(run, template, shapes) if run.advisor else None  # [llm] guide_points: the LLM's points first
     if advice is not None:
         strategy = GuidedStrategy(strategy, advice)

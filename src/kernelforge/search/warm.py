@@ -33,13 +33,15 @@ and shape), the stored results answer for free, as for any point already measure
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from kernelforge.block import Shape
 from kernelforge.errors import UserError
 from kernelforge.result import StoredResult
 from kernelforge.space import Space
+from kernelforge.strategies.transfer import DEFAULT_LIMIT as WARM_LIMIT
+from kernelforge.strategies.transfer import scores_of
 from kernelforge.template import Template
 
 if TYPE_CHECKING:
@@ -48,8 +50,8 @@ if TYPE_CHECKING:
 
 #: The source meaning "other shapes of the same template in this storage".
 SHAPES = "shapes"
-#: How many warm points a study asks at most.
-DEFAULT_LIMIT = 4
+#: How many warm points a study asks at most (the strategy bench's ``--warm-from`` asks as many).
+DEFAULT_LIMIT = WARM_LIMIT
 
 
 @dataclass(frozen=True)
@@ -68,11 +70,13 @@ class WarmPoint:
 
 @dataclass(frozen=True)
 class WarmStart:
-    """What :func:`collect` found: the points in rank order, and the sources that gave nothing
-    (no successful result of the template)."""
+    """What :func:`collect` found: the points in rank order, the sources that gave nothing (no
+    successful result of the template), and ``scores``: the rank score of every ranked or failed
+    point of the study's space (key in the space's parameter order; see the module docstring)."""
 
     points: tuple[WarmPoint, ...]
     empty: tuple[str, ...]
+    scores: Mapping[tuple, float] = field(default_factory=dict)
 
 
 def check_sources(store: "Store", job_name: str, sources: Sequence[str]) -> None:
@@ -119,7 +123,8 @@ def collect(store: "Store", *, job_name: str, dtype: str, template: Template, sh
             chosen.setdefault((r.candidate_id, r.shape, r.dtype, r.env_key), r)
             found_in.setdefault(r.candidate_id, source)
     points: list[WarmPoint] = []
-    for candidate_id, score, groups in rank(chosen.values()):
+    ranking = rank(chosen.values())
+    for candidate_id, score, groups in ranking:
         point = _point_of(space, candidates[candidate_id].params)
         if point is None or _key(space, point) in known:
             continue
@@ -127,7 +132,20 @@ def collect(store: "Store", *, job_name: str, dtype: str, template: Template, sh
         points.append(WarmPoint(point, found_in[candidate_id], candidate_id, score, groups))
         if len(points) == limit:
             break
-    return WarmStart(tuple(points), tuple(empty))
+    return WarmStart(tuple(points), tuple(empty), _scores(space, candidates, ranking, chosen.values()))
+
+
+def _scores(space: Space, candidates: Mapping[str, Any], ranking: list[tuple[str, float, int]],
+            results: Iterable[StoredResult]) -> dict[tuple, float]:
+    """The rank score of every ranked and every failed candidate that is a point of ``space``."""
+    ranked_ids = {cid for cid, _, _ in ranking}
+    keys = {}
+    for cid in [cid for cid, _, _ in ranking] + [r.candidate_id for r in results if r.candidate_id not in ranked_ids]:
+        point = _point_of(space, candidates[cid].params)
+        if point is not None:
+            keys.setdefault(cid, _key(space, point))
+    return scores_of([keys[cid] for cid, _, _ in ranking if cid in keys],
+                     [key for cid, key in keys.items() if cid not in ranked_ids])
 
 
 def rank(results: Iterable[StoredResult]) -> list[tuple[str, float, int]]:
@@ -152,14 +170,15 @@ def rank(results: Iterable[StoredResult]) -> list[tuple[str, float, int]]:
 
 
 def warm_start_points(run: "RunContext", template: Template, shapes: Sequence[Shape],
-                      firsts: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+                      firsts: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], dict[tuple, float]]:
     """The warm points of a study of ``template`` over ``shapes`` in this run (none without
-    ``[strategy] warm_start``), after the baseline points ``firsts``; says what it found as
-    progress events (``warm_start`` with the points and their sources; a ``warning`` for a source
-    without a successful result of the template, the search going on without it)."""
+    ``[strategy] warm_start``), after the baseline points ``firsts``, and the rank scores of every
+    point the sources ranked (:class:`WarmStart`); says what it found as progress events
+    (``warm_start`` with the points and their sources; a ``warning`` for a source without a
+    successful result of the template, the search going on without it)."""
     sources = run.job.strategy.warm_start
     if not sources:
-        return []
+        return [], {}
     found = collect(run.store, job_name=run.job.name, dtype=run.job.dtype, template=template, shapes=shapes,
                     sources=sources, exclude=firsts)
     scope = ", ".join(shape.name for shape in shapes)
@@ -174,7 +193,7 @@ def warm_start_points(run: "RunContext", template: Template, shapes: Sequence[Sh
                      "score": round(p.score, 4)} for p in found.points],
             message=f"warm start of {template.id} on {scope}: {len(found.points)} stored configurations "
                     f"first (from {', '.join(dict.fromkeys(p.source for p in found.points))})")
-    return [dict(p.point) for p in found.points]
+    return [dict(p.point) for p in found.points], dict(found.scores)
 
 
 def _source_rows(rows: list[StoredResult], source: str, job_name: str, dtype: str,

@@ -33,7 +33,11 @@ members expects the most:
 4. points asked and not yet told are believed at the GP's mean (the "kriging believer"), so
    several outstanding asks spread out instead of piling onto one point;
 5. results worse than the median are told as the median, so a few very slow configurations do
-   not shape the model around the fast ones.
+   not shape the model around the fast ones;
+6. with ``transfer`` (how the same kernel ranked on another GPU:
+   :func:`kernelforge.strategies.transfer.rank_scores`), both GPs read that rank as one more
+   input (:class:`~kernelforge.strategies.surrogate.Encoder`): ranks carry over between GPUs,
+   times do not, and the fit decides how much the rank says on this one.
 
 Measured with ``kernelforge strategy-bench`` on recorded GPU spaces (docs/strategies.md). The
 strategy keeps no state of its own between runs: a resumed search tells it the history.
@@ -86,11 +90,12 @@ class AutoStrategy(Strategy):
     #: Every other start point is drawn from the aligned points (see the module docstring, 1).
     aligned_start = True
 
-    def __init__(self, space: Space, *, seed: int = 0, baseline: Mapping | None = None):
+    def __init__(self, space: Space, *, seed: int = 0, baseline: Mapping | None = None,
+                 transfer: Mapping[Key, float] | None = None):
         super().__init__(space, seed=seed, baseline=baseline)
         self._rng = random.Random(seed)
         self._np_rng = np.random.default_rng(seed)
-        self._encoder = Encoder(space)
+        self._encoder = Encoder(space, transfer)
         #: The parameters an aligned point takes at a power of two: those with a power-of-two
         #: column whose values are all at least 1 (sizes; a 0 marks a selector or a flag).
         self.sizes = [p for p in self._encoder.powers_of_two if min(space.params[p][1]) >= 1]

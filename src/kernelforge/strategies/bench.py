@@ -12,8 +12,9 @@ Each strategy runs its ask/tell loop against a :class:`~kernelforge.strategies.r
 
 Per strategy, over seeds: the median number of evaluations until the best time found is within
 1%, 5% and 10% of the recorded optimum with the hit rate (fraction of seeds that got there within
-the budget); the median best/optimum after 25, 50, 100 and 200 evaluations (the checkpoints within
-the budget) and at the end; the median and 95th percentile of the time one ``ask()`` takes (ms,
+the budget); the anytime figures of :mod:`kernelforge.strategies.anytime` (the median best/optimum
+after 10, 25, 50, 100 and 200 evaluations, the checkpoints within the budget, and the normalised
+area under that median curve with its 95% interval) and the median best/optimum at the end; the median and 95th percentile of the time one ``ask()`` takes (ms,
 measured around ``ask`` only, on this CPU); and the median free tells. A seed that never gets within
 a threshold counts as ``budget + 1`` evaluations in the median, so a median is never flattered by
 dropping the seeds that failed (printed ``>budget``: more than half the seeds missed).
@@ -24,6 +25,11 @@ the same figures (all but the times) whatever number of parallel processes runs 
 each run ends once it is within 1% of the optimum, the tightest threshold: the evaluations to every
 threshold are what a full run gives (a few times faster on a strategy that gets there early), and a
 checkpoint after the stop reads the best at the stop.
+
+With ``warm`` (a transfer: :mod:`kernelforge.strategies.transfer`), every run on a space first asks
+the given points of that space (the best-ranked configurations another GPU recorded), as a search
+with a warm start does, and they cost evaluations like any other point; a strategy that models
+them (``auto``) also gets every configuration's rank there.
 Formatting and JSON are in :mod:`kernelforge.strategies.bench_report`; the CLI is
 ``kernelforge strategy-bench PATH`` (a cache file or a folder of them).
 """
@@ -32,7 +38,6 @@ from __future__ import annotations
 
 import math
 import os
-import random
 import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -40,28 +45,22 @@ from dataclasses import dataclass
 from typing import Iterator, Mapping, Sequence
 
 from kernelforge.errors import UserError
+from kernelforge.strategies import anytime
+from kernelforge.strategies.anytime import CHECKPOINTS, checkpoints
+from kernelforge.strategies.bench_stats import LEVEL, RESAMPLES, fraction_interval, percentile
 from kernelforge.strategies.names import STRATEGY_NAMES, make_strategy
 from kernelforge.strategies.recorded import RecordedSpace
+from kernelforge.strategies.transfer import rank_scores, warm_points
 
 #: Thresholds: "within 1%" means best <= optimum * 1.01.
 THRESHOLDS = (0.01, 0.05, 0.10)
-#: Evaluations after which the best found so far is reported (those within the budget).
-CHECKPOINTS = (25, 50, 100, 200)
 #: The strategy the summary compares the others with (Optuna's default).
 REFERENCE = "tpe"
-#: Bootstrap resamples behind the interval of a fraction, and that interval's coverage.
-RESAMPLES = 2000
-LEVEL = 0.95
 
 
 def default_strategies() -> tuple[str, ...]:
     """The strategies benched when none are named: ``auto`` (when it exists), ``tpe``, ``random``."""
     return ("auto", "tpe", "random") if "auto" in STRATEGY_NAMES else ("tpe", "random")
-
-
-def checkpoints(budget: int) -> tuple[int, ...]:
-    """The :data:`CHECKPOINTS` a run with ``budget`` evaluations reaches."""
-    return tuple(c for c in CHECKPOINTS if c <= budget)
 
 
 @dataclass(frozen=True)
@@ -70,7 +69,8 @@ class BenchRun:
 
     ``reached[t]``: the evaluation at which the best got within threshold ``t`` (None: not within
     the budget); ``best_at[c]``: the best time (ms) after ``c`` evaluations (after all of them when
-    the space ran out first; None: nothing succeeded yet); ``ask_ms``: the time of every ``ask()``.
+    the space ran out first; None: nothing succeeded yet); ``trace``: the best time after each
+    evaluation made (None: nothing succeeded yet); ``ask_ms``: the time of every ``ask()``.
     """
 
     strategy: str
@@ -82,6 +82,7 @@ class BenchRun:
     best_at: Mapping[int, float | None]
     ask_ms: tuple[float, ...]
     seconds: float
+    trace: tuple[float | None, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,9 @@ class BenchRow:
 
     ``median_evaluations[t]`` counts a seed that never reached threshold ``t`` as ``budget + 1``;
     ``hit_rate[t]`` is the fraction of seeds that reached it within the budget. Ratios are best /
-    optimum (``inf`` for a seed with no success); ``ask_ms_*`` pool every ask of every seed.
+    optimum (``inf`` for a seed with no success), ``median_best_ratio_at`` the median curve at the
+    checkpoints and ``area`` its normalised area with the 95% interval ``area_interval``
+    (:mod:`kernelforge.strategies.anytime`); ``ask_ms_*`` pool every ask of every seed.
     """
 
     strategy: str
@@ -106,6 +109,8 @@ class BenchRow:
     median_free_tells: float
     seconds: float
     runs: tuple[BenchRun, ...]
+    area: float = 0.0
+    area_interval: tuple[float, float] = (0.0, 0.0)
 
 
 @dataclass(frozen=True)
@@ -129,7 +134,8 @@ class Relative:
 class SpaceBench:
     """Every strategy on one recorded space: ``feasible`` recorded configurations of a
     ``grid_size``-point grid, the optimum in ms, and one row per strategy (given order);
-    ``stopped``: each run ended once within 1% of the optimum."""
+    ``stopped``: each run ended once within 1% of the optimum; ``warm_from``: the space whose
+    best-ranked points every run asked first (``warm_points`` of them), None for a cold start."""
 
     name: str
     device: str | None
@@ -141,6 +147,8 @@ class SpaceBench:
     seeds: int
     rows: tuple[BenchRow, ...]
     stopped: bool = False
+    warm_from: str | None = None
+    warm_points: int = 0
 
     def relative(self, reference: str = REFERENCE) -> tuple[Relative, ...]:
         """Every other strategy against ``reference`` (empty when it was not benched)."""
@@ -150,9 +158,12 @@ class SpaceBench:
         return tuple(_relative(row, ref) for row in self.rows if row.strategy != reference)
 
 
-def run_one(space: RecordedSpace, strategy: str, seed: int, budget: int, *, stop: bool = False) -> BenchRun:
+def run_one(space: RecordedSpace, strategy: str, seed: int, budget: int, *, stop: bool = False,
+            first: Sequence[Mapping[str, object]] = (), transfer: Mapping | None = None) -> BenchRun:
     """Run one strategy with one seed for up to ``budget`` evaluations on the recorded space (with
-    ``stop``: until it is within the tightest threshold, 1%, of the optimum).
+    ``stop``: until it is within the tightest threshold, 1%, of the optimum), asking the points
+    ``first`` before any other (a warm start; they are evaluations like any other) and giving a
+    strategy that models them the rank scores ``transfer`` (:mod:`kernelforge.strategies.transfer`).
 
     Raises RuntimeError when the strategy asks a configuration that is not recorded: the space's
     feasible set excludes those, so that is a broken strategy, not a measurement.
@@ -160,10 +171,11 @@ def run_one(space: RecordedSpace, strategy: str, seed: int, budget: int, *, stop
     _, optimum = space.optimum()
     marks = set(checkpoints(budget))
     start = time.perf_counter()
-    chosen = make_strategy(strategy, space.space, seed=seed, baseline=None)
+    chosen = make_strategy(strategy, space.space, seed=seed, baseline=list(first) or None, transfer=transfer)
     reached: dict[float, int | None] = {t: None for t in THRESHOLDS}
     best_at: dict[int, float | None] = {}
     ask_ms: list[float] = []
+    trace: list[float | None] = []
     best: float | None = None
     evaluations = 0
     while evaluations < budget:
@@ -182,6 +194,7 @@ def run_one(space: RecordedSpace, strategy: str, seed: int, budget: int, *, stop
             for t in THRESHOLDS:
                 if reached[t] is None and best <= optimum * (1 + t):
                     reached[t] = evaluations
+        trace.append(best)
         if evaluations in marks:
             best_at[evaluations] = best
         if stop and reached[min(THRESHOLDS)] is not None:
@@ -198,6 +211,7 @@ def run_one(space: RecordedSpace, strategy: str, seed: int, budget: int, *, stop
         best_at=dict(sorted(best_at.items())),
         ask_ms=tuple(ask_ms),
         seconds=time.perf_counter() - start,
+        trace=tuple(trace),
     )
 
 
@@ -221,12 +235,14 @@ def strategy_list(strategies: Sequence[str]) -> list[str]:
 
 def bench_spaces(
     spaces: Sequence[RecordedSpace], strategies: Sequence[str], *, seeds: int, budget: int, jobs: int | None = 1,
-    first_seed: int = 0, stop: bool = False,
+    first_seed: int = 0, stop: bool = False, warm: RecordedSpace | None = None,
 ) -> Iterator[SpaceBench]:
     """Bench every strategy (see :func:`strategy_list`) for ``seeds`` seeds from ``first_seed`` with
     ``budget`` evaluations on each space (with ``stop``, each run ends within 1% of the optimum: see
     the module docstring), yielding one :class:`SpaceBench` per space in order as soon as its runs
-    are done.
+    are done. With ``warm``, every run on a space first asks the best-ranked points of ``warm``
+    there (:func:`kernelforge.strategies.transfer.warm_points`; UserError for a space that is not
+    another recording of its kernel).
 
     ``jobs``: parallel processes (None: ``os.cpu_count()``); each (space, strategy, seed) run is a
     task; 1 runs them in this process. The figures do not depend on ``jobs`` (runs are seeded),
@@ -239,27 +255,31 @@ def bench_spaces(
     spaces = list(spaces)
     for space in spaces:
         space.optimum()  # a space with no recorded time: UserError now, not in a worker
+    firsts = tuple(tuple(warm_points(warm, space)) if warm is not None else () for space in spaces)
+    scores = tuple(rank_scores(warm, space) if warm is not None else None for space in spaces)
     for name in names if spaces else ():
         make_strategy(name, spaces[0].space, seed=0)
     tasks = [(i, name, seed) for i in range(len(spaces)) for name in names
              for seed in range(first_seed, first_seed + seeds)]
     jobs = min(jobs or os.cpu_count() or 1, max(1, len(tasks)))
     per_space = len(names) * seeds
+    warm_name = warm.name if warm is not None else None
     if jobs == 1:
-        runs = (run_one(spaces[i], name, seed, budget, stop=stop) for i, name, seed in tasks)
-        yield from _group(spaces, names, seeds, budget, runs, per_space, stop)
+        runs = (run_one(spaces[i], name, seed, budget, stop=stop, first=firsts[i], transfer=scores[i])
+                for i, name, seed in tasks)
+        yield from _group(spaces, names, seeds, budget, runs, per_space, stop, warm_name, firsts)
         return
     # The spaces go to each worker once (initializer), the tasks are small tuples.
     with ProcessPoolExecutor(max_workers=jobs, initializer=_init_worker,
-                             initargs=(tuple(spaces), budget, stop)) as pool:
+                             initargs=(tuple(spaces), budget, stop, firsts, scores)) as pool:
         runs = pool.map(_run_task, tasks, chunksize=1)  # results in task order, whatever finishes first
-        yield from _group(spaces, names, seeds, budget, runs, per_space, stop)
+        yield from _group(spaces, names, seeds, budget, runs, per_space, stop, warm_name, firsts)
 
 
 def _group(spaces: list[RecordedSpace], names: list[str], seeds: int, budget: int, runs: Iterator[BenchRun],
-           per_space: int, stop: bool) -> Iterator[SpaceBench]:
+           per_space: int, stop: bool, warm_name: str | None, firsts: tuple[tuple, ...]) -> Iterator[SpaceBench]:
     runs = iter(runs)
-    for space in spaces:
+    for space, first in zip(spaces, firsts):
         done = [next(runs) for _ in range(per_space)]
         point, optimum = space.optimum()
         rows = tuple(
@@ -276,24 +296,31 @@ def _group(spaces: list[RecordedSpace], names: list[str], seeds: int, budget: in
             seeds=seeds,
             rows=rows,
             stopped=stop,
+            warm_from=warm_name,
+            warm_points=len(first),
         )
 
 
-# A worker process's spaces and budget, set once by its initializer (the pool's processes are ours).
+# A worker process's spaces, budget and warm points, set once by its initializer (the pool's processes are ours).
 _WORKER: dict[str, object] = {}
 
 
-def _init_worker(spaces: tuple[RecordedSpace, ...], budget: int, stop: bool) -> None:
+def _init_worker(spaces: tuple[RecordedSpace, ...], budget: int, stop: bool, firsts: tuple[tuple, ...],
+                 scores: tuple) -> None:
     _WORKER["spaces"] = spaces
     _WORKER["budget"] = budget
     _WORKER["stop"] = stop
+    _WORKER["firsts"] = firsts
+    _WORKER["scores"] = scores
 
 
 def _run_task(task: tuple[int, str, int]) -> BenchRun:
     index, name, seed = task
     spaces: tuple[RecordedSpace, ...] = _WORKER["spaces"]  # type: ignore[assignment]
     budget: int = _WORKER["budget"]  # type: ignore[assignment]
-    return run_one(spaces[index], name, seed, budget, stop=bool(_WORKER["stop"]))
+    firsts: tuple[tuple, ...] = _WORKER["firsts"]  # type: ignore[assignment]
+    return run_one(spaces[index], name, seed, budget, stop=bool(_WORKER["stop"]), first=firsts[index],
+                   transfer=_WORKER["scores"][index])  # type: ignore[index]
 
 
 def summarise(name: str, runs: tuple[BenchRun, ...], budget: int, optimum: float) -> BenchRow:
@@ -304,7 +331,8 @@ def summarise(name: str, runs: tuple[BenchRun, ...], budget: int, optimum: float
         counts = evaluations_to(runs, t, budget)
         median_evaluations[t] = statistics.median(counts)
         hit_rate[t] = sum(r.reached[t] is not None for r in runs) / len(runs)
-    at = {c: statistics.median(ratio(r.best_at[c], optimum) for r in runs) for c in checkpoints(budget)}
+    traces = [r.trace for r in runs]
+    curve = anytime.median_curve(traces, optimum, budget)
     asks = sorted(ms for r in runs for ms in r.ask_ms)
     return BenchRow(
         strategy=name,
@@ -314,12 +342,14 @@ def summarise(name: str, runs: tuple[BenchRun, ...], budget: int, optimum: float
         median_evaluations=median_evaluations,
         hit_rate=hit_rate,
         median_best_ratio=statistics.median(ratio(r.best_time, optimum) for r in runs),
-        median_best_ratio_at=at,
+        median_best_ratio_at=anytime.at_checkpoints(curve),
         ask_ms_median=statistics.median(asks) if asks else 0.0,
         ask_ms_p95=percentile(asks, 0.95),
         median_free_tells=statistics.median(r.free_tells for r in runs),
         seconds=sum(r.seconds for r in runs),
         runs=runs,
+        area=anytime.area(curve),
+        area_interval=anytime.area_interval(traces, optimum, budget, resamples=RESAMPLES, level=LEVEL),
     )
 
 
@@ -328,36 +358,9 @@ def ratio(best: float | None, optimum: float) -> float:
     return best / optimum if best is not None else math.inf
 
 
-def percentile(ordered: Sequence[float], q: float) -> float:
-    """The nearest-rank ``q`` quantile of sorted values (0.0 for none)."""
-    if not ordered:
-        return 0.0
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
-
-
 def evaluations_to(runs: Sequence[BenchRun], threshold: float, budget: int) -> list[int]:
     """Each run's evaluations to ``threshold``, a miss counted as ``budget + 1``."""
     return [r.reached[threshold] if r.reached[threshold] is not None else budget + 1 for r in runs]
-
-
-def fraction_interval(mine: Sequence[float], theirs: Sequence[float], *, resamples: int = RESAMPLES,
-                      level: float = LEVEL, seed: int = 0) -> tuple[float, float]:
-    """The ``level`` percentile-bootstrap interval of ``median(mine) / median(theirs)``.
-
-    Each side's runs are resampled with replacement on its own (seed i of one strategy has nothing
-    to do with seed i of the other), ``resamples`` times from a fixed ``seed``, so the same runs
-    always give the same interval. Twenty seeds of a strategy whose runs either find the optimum's
-    basin early or sit in another one for a hundred evaluations give a wide interval: a fraction
-    whose interval straddles a goal has not shown it.
-    """
-    if not mine or not theirs:
-        raise ValueError("both sides need at least one run")
-    rng = random.Random(seed)
-    fractions = sorted(
-        statistics.median(rng.choices(mine, k=len(mine))) / statistics.median(rng.choices(theirs, k=len(theirs)))
-        for _ in range(resamples))
-    tail = (1 - level) / 2
-    return percentile(fractions, tail), percentile(fractions, 1 - tail)
 
 
 def _relative(row: BenchRow, ref: BenchRow) -> Relative:

@@ -28,7 +28,9 @@ class StrategyName:
     sampler they drive (None for the others). ``stateful``: it keeps a study in the job's storage
     (resumed from there; a strategy without one is told a resumed search's history); ``origin``:
     the origin its candidates are stored with; ``packages``: optional Python packages it needs;
-    ``objectives``: how many objectives it minimises at once (2: time and energy per call).
+    ``objectives``: how many objectives it minimises at once (2: time and energy per call);
+    ``transfers``: its factory takes ``transfer=`` (rank scores of the same kernel on another GPU,
+    :func:`kernelforge.strategies.transfer.rank_scores`) and models them.
     """
 
     name: str
@@ -39,12 +41,13 @@ class StrategyName:
     origin: str = "optuna"
     packages: tuple[str, ...] = ("optuna",)
     objectives: int = 1
+    transfers: bool = False
 
 
 #: Every strategy, the default (``auto``) first.
 STRATEGIES: dict[str, StrategyName] = {s.name: s for s in (
     StrategyName("auto", "Bayesian optimisation over the feasible points with local moves (the default)",
-                 AutoStrategy, stateful=False, origin="auto", packages=("numpy",)),
+                 AutoStrategy, stateful=False, origin="auto", packages=("numpy",), transfers=True),
     StrategyName("tpe", "Optuna's multivariate TPE", sampler="tpe", objectives=2),
     # Random's candidates have always been stored with origin "optuna": kept for stored data.
     StrategyName("random", "uniform sampling without replacement, seeded", RandomStrategy, stateful=False,
@@ -83,12 +86,15 @@ def make_strategy(
     storage: Any = None,
     study_name: str | None = None,
     objectives: int = 1,
+    transfer: Mapping | None = None,
 ) -> Strategy:
     """Build the strategy called ``name`` (one of :data:`STRATEGY_NAMES`).
 
     ``storage`` and ``study_name`` apply to the stateful (Optuna) strategies (a study to create or
     resume); grid and random keep no state of their own: a resumed search tells them its history.
     ``objectives``: 2 for a (time, energy) search, refused by a strategy of one objective.
+    ``transfer``: rank scores from another GPU, given to a strategy that models them
+    (``transfers``); the others start from the warm points in ``baseline`` alone.
     """
     entry = STRATEGIES.get(name)
     if entry is None:
@@ -97,6 +103,8 @@ def make_strategy(
         two = ", ".join(s.name for s in STRATEGIES.values() if s.objectives >= objectives)
         raise UserError(f"the {name!r} strategy minimises one objective; {objectives} objectives need one of: {two}")
     if entry.sampler is None:
+        if transfer and entry.transfers:
+            return entry.factory(space, seed=seed, baseline=baseline, transfer=transfer)
         return entry.factory(space, seed=seed, baseline=baseline)
     if importlib.util.find_spec("optuna") is None:
         raise UserError(f"the {name!r} strategy needs the Python package 'optuna', which is not installed; pip install optuna")

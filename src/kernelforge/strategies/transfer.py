@@ -1,0 +1,81 @@
+"""Transfer between recorded spaces: a run on one GPU's space starts from what another GPU recorded.
+
+Times do not carry over between GPUs (another clock, memory, compiler), ranks do: the
+configurations that were fastest on one GPU of a kernel are often among the fastest on another.
+:func:`warm_points` ranks the source's successful configurations by time, the fastest first (one
+group, so this is :func:`kernelforge.search.warm.rank`'s rule: time over the fastest, and a
+configuration that failed there is left out), and keeps the first :data:`DEFAULT_LIMIT` that are
+points of the target space (the target's parameters, values and feasible set), the same number a
+search's ``--warm-start`` asks first (:mod:`kernelforge.search.warm` reads it from here).
+The strategy bench (``--warm-from SPACE``) asks them before its strategy's own points, as a search
+does: each costs an evaluation. Only the order is used, never a source time.
+
+:func:`rank_scores` gives a model the whole order: each configuration's rank on the source as a
+score in [0, 1] (the normal score of its rank, so the few best stand apart from the many middling:
+0 for the fastest, 0.5 for the median, 1 for the slowest; a configuration that failed there
+scores 1). ``auto`` reads it as one more input of its Gaussian processes
+(:class:`~kernelforge.strategies.surrogate.Encoder`), and the fit decides how much it says.
+"""
+
+from __future__ import annotations
+
+from statistics import NormalDist
+from typing import Any, Hashable, Iterable, Sequence
+
+from kernelforge.errors import UserError
+from kernelforge.strategies.recorded import RecordedSpace
+
+#: How many warm points a study, or a run of the strategy bench, asks first at most.
+DEFAULT_LIMIT = 4
+
+
+def same_kernel(source: RecordedSpace, target: RecordedSpace) -> bool:
+    """Whether ``target`` is another recording of ``source``'s kernel: the same parameter names
+    (in any order) and not the same space (the same name and device)."""
+    same = (source.name, source.device) == (target.name, target.device)
+    return not same and sorted(source.space.names) == sorted(target.space.names)
+
+
+def warm_points(source: RecordedSpace, target: RecordedSpace, limit: int = DEFAULT_LIMIT) -> list[dict[str, Any]]:
+    """The best-ranked configurations of ``source`` that are feasible points of ``target``, at most
+    ``limit``, fastest first (see the module docstring). Raises UserError when ``target`` is not
+    another recording of the same kernel (:func:`same_kernel`)."""
+    if not same_kernel(source, target):
+        raise UserError(f"--warm-from {source.name}: {target.name} is not another recording of its kernel (the "
+                        f"same parameters, another space); warm-start a space from another GPU's recording")
+    ranked = sorted((value, i, key) for i, (key, value) in enumerate(source.records.items()) if isinstance(value, float))
+    names = source.space.names
+    out: list[dict[str, Any]] = []
+    for _, _, key in ranked:
+        point = dict(zip(names, key))
+        if target.key(point) in target.records:  # recorded there: a feasible point of the target
+            out.append({name: point[name] for name in target.space.names})
+            if len(out) == limit:
+                break
+    return out
+
+
+def rank_scores(source: RecordedSpace, target: RecordedSpace) -> dict[tuple[Any, ...], float]:
+    """Each configuration ``source`` recorded, keyed in ``target``'s parameter order, with its
+    rank score (see the module docstring). Raises UserError as :func:`warm_points` does."""
+    if not same_kernel(source, target):
+        raise UserError(f"--warm-from {source.name}: {target.name} is not another recording of its kernel")
+    ranked = sorted((value, i, key) for i, (key, value) in enumerate(source.records.items()) if isinstance(value, float))
+    order = [source.space.names.index(name) for name in target.space.names]
+    return scores_of([tuple(key[i] for i in order) for _, _, key in ranked],
+                     [tuple(key[i] for i in order) for key, value in source.records.items() if not isinstance(value, float)])
+
+
+def scores_of(ranked: Sequence[Hashable], failed: Iterable[Hashable] = ()) -> dict[Hashable, float]:
+    """The rank score of each of ``ranked`` (fastest first) and 1.0 for each of ``failed``: the one
+    rule of the module docstring, for a recorded space and for a search's stored results
+    (:mod:`kernelforge.search.warm`)."""
+    normal = NormalDist()
+    edge = normal.inv_cdf(0.5 / len(ranked)) if len(ranked) > 1 else -1.0  # the fastest's normal score
+    scores: dict[Hashable, float] = {}
+    for rank, key in enumerate(ranked):
+        z = normal.inv_cdf((rank + 0.5) / len(ranked))
+        scores[key] = 0.5 - 0.5 * z / edge
+    for key in failed:
+        scores.setdefault(key, 1.0)
+    return scores
