@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from kernelforge.baselines import DEFAULT_SOURCE, FUNCTIONS, BaselinePoint, cdiv, flash_attn_num_splits
+from kernelforge.baselines import (DEFAULT_SOURCE, FUNCTIONS, BaselinePoint, cdiv, flash_attn_num_splits, liger_num_warps,
+                                   next_power_of_2)
 from kernelforge.block import Shape
 from kernelforge.errors import TemplateError
 from kernelforge.search.study import start_points
@@ -71,8 +72,10 @@ def test_num_splits_is_capped_by_the_key_blocks_and_max_splits():
 
 
 def test_functions_table():
-    assert set(FUNCTIONS) == {"cdiv", "min", "max", "flash_attn_num_splits"}
+    assert set(FUNCTIONS) == {"cdiv", "min", "max", "flash_attn_num_splits", "next_power_of_2", "liger_num_warps"}
     assert cdiv(7, 2) == 4 and cdiv(8, 2) == 4 and cdiv(1, 256) == 1
+    assert [next_power_of_2(n) for n in (0, 1, 2, 3, 2880, 4096, 7168)] == [1, 1, 2, 4, 4096, 4096, 8192]
+    assert [liger_num_warps(b) for b in (1024, 2048, 4096, 8192, 32768)] == [4, 8, 8, 16, 32]
 
 
 # -- parsing ----------------------------------------------------------------------------------
@@ -97,7 +100,7 @@ def test_functions_table():
     ('[[baselines]]\nsource = "s"\npoint = 16', r"point: must be a table"),
     ('[[baselines]]\nsource = "s"\nwhen = "N >"\npoint = { BLOCK = 16 }', r"\[0\] when:.*not a valid expression"),
     ('[[baselines]]\nsource = "s"\nwhen = "__import__(\'os\')"\npoint = { BLOCK = 16 }',
-     r"when.*may only call cdiv, min, max or flash_attn_num_splits"),
+     r"when.*may only call cdiv, min, max, flash_attn_num_splits, next_power_of_2 or liger_num_warps"),
     ('[[baselines]]\nsource = "s"\nwhen = "N.real"\npoint = { BLOCK = 16 }', r"uses Attribute, which is not allowed"),
     ('[[baselines]]\nsource = "s"\ncomputed = { WARPS = "1" }', r"computed: unknown parameter 'WARPS'"),
     ('[[baselines]]\nsource = "s"\ncomputed = { num_warps = 4 }', r"computed num_warps: must be a non-empty string"),
