@@ -63,17 +63,22 @@ def where(url: str) -> str:
     return redact_url(url)
 
 
-def _texts(exc: BaseException) -> Iterable[str]:
-    """The texts of ``exc`` and of everything it wraps (causes, contexts, a driver's ``orig``)."""
+def _chain(exc: BaseException) -> Iterable[BaseException]:
+    """``exc`` and everything it wraps (causes, contexts, a driver's ``orig``), each once."""
     seen: set[int] = set()
-    stack = [exc]
+    stack: list[BaseException | None] = [exc]
     while stack:
         item = stack.pop()
         if item is None or id(item) in seen:
             continue
         seen.add(id(item))
-        yield str(item)
+        yield item
         stack.extend([getattr(item, "orig", None), item.__cause__, item.__context__])
+
+
+def _texts(exc: BaseException) -> Iterable[str]:
+    """The texts of ``exc`` and of everything it wraps."""
+    return (str(item) for item in _chain(exc))
 
 
 def classify(exc: BaseException) -> tuple[str, str] | None:
@@ -130,17 +135,7 @@ def _is_database_error(exc: BaseException) -> bool:
         kinds += (optuna.exceptions.StorageInternalError,)
     except ImportError:  # the GPU image has no Optuna
         pass
-    seen: set[int] = set()
-    stack = [exc]
-    while stack:
-        item = stack.pop()
-        if item is None or id(item) in seen:
-            continue
-        seen.add(id(item))
-        if isinstance(item, kinds):
-            return True
-        stack.extend([getattr(item, "orig", None), item.__cause__, item.__context__])
-    return False
+    return any(isinstance(item, kinds) for item in _chain(exc))
 
 
 def clean_up(first: BaseException | None, steps: Iterable[Callable[[], object]]) -> None:
