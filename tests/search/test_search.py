@@ -186,8 +186,11 @@ def test_confirmation_retimes_the_best_against_the_baseline_and_reports_it(tmp_p
     data = collect(job, catalog, store)
     [block] = data.blocks
     assert all(row.confirmed and row.winner == other for row in block.shapes)
-    # The report shows the confirmed (re-timed) speedup, not the doctored 10x single measurement.
+    # The report shows the confirmed (re-timed) figures, not the doctored 10x single measurement:
+    # the pairs' median times and their ratio, beside the median of the per-pair speedups.
     latest = {r.shape: r.median for r in rows_}  # a re-run's confirmation supersedes earlier ones
-    assert all(row.speedup == latest[row.shape] for row in block.shapes)
+    assert all(row.measured_by == "pairs" and row.pair_speedup == latest[row.shape] for row in block.shapes)
+    assert all(row.speedup == pytest.approx(row.baseline_s / row.best_s) for row in block.shapes)
+    assert all(row.search_speedup > 5 for row in block.shapes)  # the doctored single timing, kept apart
     markdown = to_markdown(data)
     assert "not GPU measurements" in markdown and "| n63 |" in markdown

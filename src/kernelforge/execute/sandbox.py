@@ -76,6 +76,7 @@ ENVIRONMENT_ALLOWLIST: tuple[Passed, ...] = (
     Passed("NVIDIA_*", "the container runtime's driver settings (NVIDIA_VISIBLE_DEVICES, ...)"),
     Passed("OMP_NUM_THREADS", "the size of CPU thread pools"),
     Passed("MKL_NUM_THREADS", "the size of MKL's thread pool"),
+    Passed("OPENBLAS_NUM_THREADS", "the size of OpenBLAS's thread pool (kernelforge sets 1 unless the user chose)"),
     Passed("TRITON_*", "Triton's settings (compiler options, tool paths); not its folders, see below"),
     Passed("KERNELFORGE_KERNELS", "the default kernels folder"),
     Passed("KERNELFORGE_COMPILE_TIMEOUT", "time limits, as the search has them"),
