@@ -53,7 +53,7 @@ sys.path.insert(0, str(REPO / "src"))
 from kernelforge.strategies.ahead import AskAhead  # noqa: E402
 from kernelforge.strategies.base import Strategy  # noqa: E402
 from kernelforge.strategies.names import STRATEGY_NAMES, make_strategy, strategy_available  # noqa: E402
-from kernelforge.strategies.recorded import RecordedSpace, load_kernel_tuner_cache  # noqa: E402
+from kernelforge.strategies.bench.recorded import RecordedSpace, load_kernel_tuner_cache  # noqa: E402
 
 DEFAULT_SPACE = REPO.parent / "shared" / "data" / "tuning-spaces" / "gemm_RTX_Titan.json.gz"
 

@@ -19,7 +19,7 @@ from kernelforge.execute.runner import load_candidate
 from kernelforge.result import StoredResult, env_key
 from kernelforge.store.store import Store
 from kernelforge.result import Status
-from kernelforge.execute.verify import verify_shape
+from kernelforge.execute.judge.verify import verify_shape
 
 interpreter.enable()
 ROOT = Path(__file__).resolve().parents[1]

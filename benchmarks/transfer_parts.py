@@ -19,8 +19,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from kernelforge.strategies.bench import run_one  # noqa: E402
-from kernelforge.strategies.recorded import load_kernel_tuner_cache  # noqa: E402
+from kernelforge.strategies.bench.run import run_one  # noqa: E402
+from kernelforge.strategies.bench.recorded import load_kernel_tuner_cache  # noqa: E402
 from kernelforge.strategies.transfer import rank_scores, warm_points  # noqa: E402
 
 SPACES = REPO.parent / "shared" / "data" / "tuning-spaces"

@@ -66,7 +66,7 @@ GPU_STEPS = (Step("env", 10), Step("wheels", 25), Step("imports", 15), Step("san
 DRY_STEPS = (Step("env", 60), Step("wheels", 90), Step("imports", 60), Step("sandbox", 120), Step("ceilings", 1),
              Step("crosscheck", 180), Step("search-dry-proof", 300), Step("search-dry-proof-moe", 300),
              Step("tests", 120), Step("pack", 30), Step("summary", 180))
-#: What the worker says when it cannot start (kernelforge.execute.worker_process).
+#: What the worker says when it cannot start (kernelforge.execute.worker.process).
 WORKER_START_FAILURE = "the evaluation worker could not start"
 SANDBOX_OFF = "disabled by KERNELFORGE_SANDBOX=off"
 

@@ -12,7 +12,7 @@ from kernelforge.catalog import Catalog
 from kernelforge.job import load_job
 from kernelforge.llm.advisor import advice_for
 from kernelforge.llm.proposer import for_job
-from kernelforge.search.loop import Search
+from kernelforge.search.search import Search
 from kernelforge.store.store import Store
 from kf_progress import Recorder
 

@@ -137,16 +137,18 @@ PACKAGE_RANKS: dict[str, int] = {
     "strategies": 0,   # proposers of points: pure, read only the space (the job names them)
     "quant": 1,        # weight formats of the blocks
     "devices": 2,      # where kernels run and how they are timed
-    "store": 3,        # the results database
-    "execute": 4,      # executors, verification, timing, policy, sandbox (reads a recording from the store)
-    "compile": 5,      # ahead-of-time compilation (its pool runs in execute's sandbox)
-    "search": 6,       # the search: plan, loop, pipeline, confirmation; seams for proposers and advisers
-    "llm": 7,          # the LLM generator, behind the search's seams
-    "report": 8,       # reports, projections and exports, read from the store
-    "start": 9,        # the wiring of one search run (kernelforge.start)
-    "api": 10,         # the Python API
-    "cli": 10,         # the command line and its launchers
-    "__main__": 11,
+    "policy": 3,       # the static policy of candidate sources
+    "sandbox": 3,      # the OS sandbox of processes that run candidate code
+    "store": 4,        # the results database
+    "execute": 5,      # executors, the judge, timing, the worker (reads a recording from the store)
+    "compile": 6,      # ahead-of-time compilation (its pool runs in the sandbox)
+    "search": 7,       # the search: plan, loop, pipeline, confirmation; seams for proposers and advisers
+    "llm": 8,          # the LLM generator, behind the search's seams
+    "report": 9,       # reports, projections and exports, read from the store
+    "start": 10,       # the wiring of one search run (kernelforge.start)
+    "api": 11,         # the Python API
+    "cli": 11,         # the command line and its launchers
+    "__main__": 12,
 }
 #: Nouns that depend on a package above them, by design: the job names its strategy from the
 #: strategies' table of names (rank 0, so allowed), nothing else.
@@ -182,7 +184,7 @@ def test_packages_import_only_downwards():
 
 
 def test_the_rank_check_sees_an_upward_import():
-    assert _rank("kernelforge.search.loop") < _rank("kernelforge.llm.generator") < _rank("kernelforge.cli.main")
+    assert _rank("kernelforge.search.search") < _rank("kernelforge.llm.generator") < _rank("kernelforge.cli.main")
     assert _rank("kernelforge.block") == NOUN_RANK and _rank("kernelforge.start") > _rank("kernelforge.report.write")
 
 

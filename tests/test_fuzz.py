@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from kernelforge.catalog import Catalog
 from kernelforge.errors import TemplateError, UserError
 from kernelforge.job import load_job
-from kernelforge.execute.policy import check_source
+from kernelforge.policy.checker import check_source
 from kernelforge.template import Template
 
 ROOT = Path(__file__).resolve().parents[1]

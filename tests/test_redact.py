@@ -256,9 +256,9 @@ def test_a_candidate_raising_with_the_key_leaves_it_nowhere(tmp_path, monkeypatc
     from kernelforge.catalog import Catalog
     from kernelforge.cli.summary import print_summary
     from kernelforge.job import load_job
-    from kernelforge.report.export import export
+    from kernelforge.report.export.formats import export
     from kernelforge.report.write import write_report
-    from kernelforge.search.loop import Search
+    from kernelforge.search.search import Search
     from kernelforge.search.progress import JsonLinesProgress, LiveProgress
     from kernelforge.store.store import Store
 
@@ -313,7 +313,7 @@ def test_a_postgresql_password_is_shown_nowhere(tmp_path, monkeypatch, capsys):
     from kernelforge.cli.summary import print_summary
     from kernelforge.job import load_job
     from kernelforge.report.write import write_report
-    from kernelforge.search.loop import Search
+    from kernelforge.search.search import Search
     from kernelforge.search.progress import Progress
     from kernelforge.store.store import Store
 

@@ -14,7 +14,7 @@ import pytest
 from kernelforge import render
 from kernelforge.baselines import flash_attn_num_splits
 from kernelforge.errors import TemplateError, UserError
-from kernelforge.execute.policy import check_source
+from kernelforge.policy.checker import check_source
 from kernelforge.limits import MAX_SOURCE_CHARS, LimitExceeded
 from kernelforge.space import Space
 from kernelforge.template import Template

@@ -3,7 +3,7 @@ message and traceback are cleaned when made, and a source holding one is refused
 
 from __future__ import annotations
 
-from kernelforge.execute.policy import check_source
+from kernelforge.policy.checker import check_source
 from kernelforge.result import Status, Verification
 from kernelforge.textsafe import printable
 

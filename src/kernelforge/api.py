@@ -2,7 +2,7 @@
 function, from a notebook or a script (docs/python-api.md).
 
 A thin facade over what the command line does: :func:`run` is ``kernelforge search JOB`` in this
-process (the same :class:`~kernelforge.search.loop.Search`, store, job lock, resume and worker
+process (the same :class:`~kernelforge.search.search.Search`, store, job lock, resume and worker
 process for the candidates; no signal handlers are installed and no report files are written),
 :func:`results` is what ``kernelforge report JOB`` reads, and :func:`load_winner` imports the stored
 source of a shape's winner and calls its ``run`` with outputs allocated as the harness allocates them.
@@ -23,8 +23,8 @@ from kernelforge.block import DTYPES, OUT, Block, Shape
 from kernelforge.candidate import load_module
 from kernelforge.catalog import Catalog, default_kernels_root
 from kernelforge.errors import UserError
-from kernelforge.execute.contract import Outputs, allocate
-from kernelforge.execute.policy import check_source
+from kernelforge.execute.judge.contract import Outputs, allocate
+from kernelforge.policy.checker import check_source
 from kernelforge.job import Job, job_path, load_job, require_llm_endpoint
 from kernelforge.redact import redact_url, register_url
 from kernelforge.report.collect import collect

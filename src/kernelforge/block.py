@@ -26,7 +26,7 @@ The block contract (v2; a v1 block, with one output ``out`` and nothing in place
   nothing (v1: ``run(**inputs, out=...)``).
 - Tolerance: :meth:`Block.tolerance` serves every floating-point output; a block may override
   :meth:`Block.output_tolerance` per output. Integer and bool outputs are compared exactly.
-- Verification (:mod:`kernelforge.execute.verify`) applies the same defenses to every output and
+- Verification (:mod:`kernelforge.execute.judge.verify`) applies the same defenses to every output and
   every in-place input: outputs are poisoned before the call (floating: NaN; integer: the dtype's
   minimum, or maximum when unsigned; bool: a byte that is neither True nor False; the "new values"
   call instead fills them with an earlier call's results, as a timed call sees them); in-place inputs

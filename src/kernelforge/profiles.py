@@ -4,7 +4,7 @@ Agents call models many times in sequence, so what counts is the time to the fir
 prefill of the prompt, compute-bound) and between tokens (a decode step, memory-bound) at serving
 concurrency. The profiles (BLOCKS.md's agent-latency profiles, and InferenceX's 8k/1k serving
 benchmark) give the prompt and output lengths; blocks name their presets after them and the
-projection (:mod:`kernelforge.report.projection`) reads those presets back by name.
+projection (:mod:`kernelforge.report.projection.model`) reads those presets back by name.
 """
 
 from __future__ import annotations

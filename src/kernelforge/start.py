@@ -13,7 +13,7 @@ from kernelforge.job import Job
 from kernelforge.llm.advisor import advice_for
 from kernelforge.llm.proposer import for_job
 from kernelforge.search.evaluation_loop import SearchOutcome
-from kernelforge.search.loop import Search
+from kernelforge.search.search import Search
 from kernelforge.search.progress import Progress
 from kernelforge.store.store import Store
 

@@ -13,7 +13,7 @@ import torch
 from kernelforge.devices.base import Device, MethodUnavailable
 from kernelforge.devices.cuda import CudaDevice
 from kernelforge.devices.interpret import InterpretDevice
-from kernelforge.execute.sandbox import Role
+from kernelforge.sandbox.roles import Role
 from skeleton_device import SkeletonDevice
 
 DEVICES = [InterpretDevice, CudaDevice, SkeletonDevice]
@@ -33,7 +33,7 @@ def test_every_device_states_its_capabilities(cls):
 @pytest.mark.parametrize("cls", DEVICES, ids=lambda c: c.__name__)
 def test_a_device_is_rebuilt_from_its_constructor_arguments(cls):
     """A worker rebuilds its device from the class and the constructor arguments, read back as
-    attributes of the same names (kernelforge.execute.worker)."""
+    attributes of the same names (kernelforge.execute.worker.executor)."""
     device = cls()
     args = {name: getattr(device, name) for name in inspect.signature(cls.__init__).parameters if name != "self"}
     rebuilt = cls(**args)

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernelforge.execute.contract import allocate
+from kernelforge.execute.judge.contract import allocate
 
 from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
 from kernelforge.devices.cuda import CudaDevice
 from kernelforge.execute.runner import load_candidate
 from kernelforge.result import Status
-from kernelforge.execute.verify import verify
+from kernelforge.execute.judge.verify import verify
 
 pytestmark = [
     pytest.mark.gpu,

@@ -20,8 +20,8 @@ from kernelforge.devices.cuda import (BACKLOG_MAX_S, EVENTS, GRAPH, GRAPH_THRESH
                                       backlog_seconds, choose_method)
 from kernelforge.devices.interpret import INTERPRETER_METHOD, InterpretDevice
 from kernelforge.execute.inprocess import InProcessExecutor
-from kernelforge.execute.worker import WorkerExecutor
-from kernelforge.execute.timing import TimingPlan
+from kernelforge.execute.worker.executor import WorkerExecutor
+from kernelforge.execute.timing.rounds import TimingPlan
 from kernelforge.objective import time_ratio
 from kernelforge.result import Status, StoredResult, Timing
 

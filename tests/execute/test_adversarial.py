@@ -21,7 +21,7 @@ from kernelforge.errors import UserError
 from kernelforge.result import Status
 from kernelforge.textsafe import printable
 from kernelforge.template import Template
-from kernelforge.execute.worker import WorkerExecutor
+from kernelforge.execute.worker.executor import WorkerExecutor
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -252,7 +252,7 @@ def test_every_floating_input_changes_before_each_timed_call(dtype):
     """The value cache defense (touch_inputs) changes one element of every floating-point input,
     fp8 weights included (torch cannot negate them on the CPU: the sign bit is flipped instead),
     a different element on each call, and leaves integer inputs alone."""
-    from kernelforge.execute.timed_calls import touch_inputs
+    from kernelforge.execute.timing.calls import touch_inputs
 
     w = (torch.arange(64, dtype=torch.float32) / 8 + 0.5).to(dtype)
     ids = torch.arange(64, dtype=torch.int32)

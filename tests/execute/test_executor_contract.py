@@ -15,7 +15,7 @@ from kernelforge.catalog import Catalog
 from kernelforge.devices.interpret import InterpretDevice
 from kernelforge.execute.executor import Executor
 from kernelforge.execute.inprocess import InProcessExecutor
-from kernelforge.execute.worker import WorkerExecutor
+from kernelforge.execute.worker.executor import WorkerExecutor
 from kernelforge.result import Evaluation, Status, StoredResult, env_key
 
 pytestmark = pytest.mark.interpreter

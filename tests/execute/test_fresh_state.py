@@ -13,7 +13,7 @@ from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
 from kernelforge.devices.interpret import InterpretDevice
 from kernelforge.execute.inprocess import InProcessExecutor
-from kernelforge.execute.policy import check_source
+from kernelforge.policy.checker import check_source
 from kernelforge.result import Status
 
 pytestmark = pytest.mark.interpreter
@@ -46,7 +46,7 @@ def test_the_allocator_a_candidate_set_is_reset_after_its_evaluation():
 def test_the_worker_resets_the_allocator_when_a_candidates_session_ends():
     from triton.runtime import _allocation
 
-    from kernelforge.execute import worker_serve
+    from kernelforge.execute.worker import serve as worker_serve
 
     triton_allocator = _allocation._allocator
     triton_allocator.set(lambda size, alignment, stream: None)
@@ -59,8 +59,8 @@ def test_a_worker_left_holding_a_candidates_memory_is_retired(monkeypatch):
     """Issue 29: a candidate that keeps memory alive in its module (here 40 MB more on every call) would
     shrink every later candidate's limit in a long-lived worker: the trusted side reads the
     worker's resident memory after each candidate and retires a worker that grew too much."""
-    from kernelforge.execute import worker as worker_module
-    from kernelforge.execute.worker import WorkerExecutor
+    from kernelforge.execute.worker import executor as worker_module
+    from kernelforge.execute.worker.executor import WorkerExecutor
 
     monkeypatch.setattr(worker_module, "RETIRE_MEMORY_GROWTH", 150 * 2**20)
     hog = "import torch\n" + HONEST.replace("def run(x, y, alpha, out):\n", "_KEEP = []\n\n\ndef run(x, y, alpha, out):\n"

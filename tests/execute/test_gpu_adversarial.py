@@ -17,9 +17,9 @@ from kernelforge.catalog import Catalog
 from kernelforge.devices.cuda import CudaDevice
 from kernelforge.execute.evaluate import ROOFLINE_FLAG
 from kernelforge.execute.inprocess import InProcessExecutor
-from kernelforge.execute.policy import check_source
+from kernelforge.policy.checker import check_source
 from kernelforge.result import Status
-from kernelforge.execute.worker import WorkerExecutor
+from kernelforge.execute.worker.executor import WorkerExecutor
 
 pytestmark = [
     pytest.mark.gpu,

@@ -14,12 +14,12 @@ from kernelforge.block import HarnessError
 from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
 from kernelforge.devices.interpret import InterpretDevice
-from kernelforge.execute import guard
-from kernelforge.execute.contract import allocate
+from kernelforge.execute.judge import guard
+from kernelforge.execute.judge.contract import allocate
 from kernelforge.execute.evaluate import evaluate
 from kernelforge.execute.runner import load_candidate
-from kernelforge.execute.timing import time_candidate
-from kernelforge.execute.verify import verify, verify_shape
+from kernelforge.execute.timing.rounds import time_candidate
+from kernelforge.execute.judge.verify import verify, verify_shape
 from kernelforge.result import Status
 
 pytestmark = pytest.mark.interpreter

@@ -121,7 +121,7 @@ def test_the_parse():
 @pytest.mark.interpreter
 def test_a_search_on_a_waiting_replay_stores_results_under_its_own_env_key(tmp_path):
     from kernelforge.job import load_job
-    from kernelforge.search.loop import Search
+    from kernelforge.search.search import Search
     from kernelforge.search.progress import Progress
 
     def run(name: str, device: str) -> Store:

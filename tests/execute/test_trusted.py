@@ -18,9 +18,9 @@ import torch
 from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
 from kernelforge.devices.interpret import InterpretDevice
-from kernelforge.execute.timing_check import TIMING_MISMATCH_FLAG
-from kernelforge.execute.held_out import INTERPRETER_HELD_OUT
-from kernelforge.execute.worker import WorkerExecutor
+from kernelforge.execute.timing.check import TIMING_MISMATCH_FLAG
+from kernelforge.execute.judge.held_out import INTERPRETER_HELD_OUT
+from kernelforge.execute.worker.executor import WorkerExecutor
 from kernelforge.result import Status
 
 pytestmark = pytest.mark.interpreter
@@ -109,8 +109,8 @@ CHEATS = {
     # (a) The comparison, torch.equal and the verifier's functions, patched in the worker.
     "patches the comparison and torch.equal": (
         "torch.equal = lambda a, b: True\n"
-        "import kernelforge.execute.compare as _c\n"
-        "import kernelforge.execute.verify as _v\n"
+        "import kernelforge.execute.judge.compare as _c\n"
+        "import kernelforge.execute.judge.verify as _v\n"
         "_c.check = _c.compare = lambda *a, **k: (0.0, 0.0, '')\n"
         "_v.judge = lambda *a, **k: (0.0, 0.0, '')\n"
         "_v.bits_equal = lambda a, b: True\n",
@@ -267,7 +267,7 @@ def test_requests_to_the_worker_never_carry_a_tensor_or_the_reference(blind, mon
 
 
 def test_the_interpreter_wall_check_accepts_honest_rounds_and_rejects_impossible_ones():
-    from kernelforge.execute.timing_check import wall_problem
+    from kernelforge.execute.timing.check import wall_problem
     from kernelforge.result import Timing
 
     device = InterpretDevice(warmup=1, repeats=3)

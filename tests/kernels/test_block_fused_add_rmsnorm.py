@@ -19,7 +19,7 @@ import torch
 
 from kernelforge.block import DISTRIBUTIONS, Tolerance
 from kernelforge.devices import interpreter
-from kernelforge.execute.compare import within
+from kernelforge.execute.judge.compare import within
 from kernelforge.template import Template
 from kernel_helpers import module_at
 

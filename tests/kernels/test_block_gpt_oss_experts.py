@@ -12,7 +12,7 @@ import torch
 from kernelforge.devices import interpreter
 from kernelforge.block import Shape, Tolerance
 from kernelforge.template import Template
-from kernelforge.execute.compare import compare
+from kernelforge.execute.judge.compare import compare
 from kernel_helpers import load_block_module, module_at, run_once
 
 REPO = Path(__file__).resolve().parents[2]

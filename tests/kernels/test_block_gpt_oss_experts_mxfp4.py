@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from kernelforge.block import Shape
-from kernelforge.execute.verify import verify
+from kernelforge.execute.judge.verify import verify
 from kernelforge.quant.mxfp4 import dequantize
 from kernelforge.result import Status
 from kernelforge.template import Template

@@ -14,7 +14,7 @@ import torch
 from kernelforge.devices import interpreter
 from kernelforge.block import DISTRIBUTIONS, Shape, Tolerance
 from kernelforge.template import Template
-from kernelforge.execute.compare import within
+from kernelforge.execute.judge.compare import within
 from kernel_helpers import module_at as _module, run_once as _run
 
 BLOCK_ID = "attention/gpt_oss_prefill"

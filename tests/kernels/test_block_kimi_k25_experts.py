@@ -12,7 +12,7 @@ import torch
 
 from kernelforge.candidate import Candidate
 from kernelforge.execute.runner import load_candidate
-from kernelforge.execute.verify import verify
+from kernelforge.execute.judge.verify import verify
 from kernelforge.quant import base as quant_base, int4
 from kernelforge.quant.base import Bf16Activations, Bf16Weights
 from kernelforge.quant.int4 import Int4GroupWeights

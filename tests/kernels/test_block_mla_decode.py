@@ -11,7 +11,7 @@ import torch
 
 from kernelforge.block import DISTRIBUTIONS, Shape
 from kernelforge.devices.hardware import ceilings_for
-from kernelforge.execute.verify import verify
+from kernelforge.execute.judge.verify import verify
 from kernelforge.result import Status
 
 BLOCK_ID = "attention/mla_decode"

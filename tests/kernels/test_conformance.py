@@ -17,7 +17,7 @@ from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
 from kernelforge.execute.runner import load_candidate
 from kernelforge.result import Status
-from kernelforge.execute.verify import verify
+from kernelforge.execute.judge.verify import verify
 from kernel_helpers import check_dtype
 
 KERNELS = Path(__file__).resolve().parents[2] / "kernels"

@@ -15,7 +15,7 @@ from kernelforge.catalog import Catalog
 from kernelforge.execute.runner import load_candidate
 from kernelforge.result import Status
 from kernelforge.template import Template
-from kernelforge.execute.verify import verify
+from kernelforge.execute.judge.verify import verify
 from kernel_helpers import check_dtype
 
 pytestmark = pytest.mark.interpreter

@@ -18,7 +18,7 @@ from kernelforge.errors import UserError
 from kernelforge.job import load_job
 from kernelforge.llm_spec import LLMSpec
 from kernelforge.llm.advisor import PURPOSE, PointAdvisor, advice_for, parse_points
-from kernelforge.search.loop import Search
+from kernelforge.search.search import Search
 from kernelforge.store.store import Store
 from llm_server import Reply, ScriptedServer
 from kf_progress import Recorder

@@ -26,7 +26,7 @@ from kernelforge.search.pipeline import Pipeline
 from kernelforge.search.progress import Progress
 from kernelforge.search.proposals import View
 from kernelforge.search.reserve import Reserve
-from kernelforge.search.loop import Search
+from kernelforge.search.search import Search
 from kernelforge.store.store import Store
 from llm_server import WRONG, Reply, ScriptedServer, fenced
 

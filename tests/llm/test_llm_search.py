@@ -286,7 +286,7 @@ def test_the_token_budget_stops_the_generator_not_the_search(tmp_path):
 
 def test_optuna_enqueue_puts_a_proposed_point_first_once():
     from kernelforge.space import Space
-    from kernelforge.strategies.optuna import OptunaStrategy
+    from kernelforge.strategies.optuna.strategy import OptunaStrategy
 
     space = Space.build({"BLOCK": [64, 256, 1024], "num_warps": [1, 2, 4]}, [], where="test")
     strategy = OptunaStrategy(space, seed=0, baseline={"BLOCK": 256, "num_warps": 4})

@@ -21,7 +21,7 @@ from kernelforge.catalog import Catalog
 from kernelforge.job import load_job
 from kernelforge.report.collect import collect, shape_baselines
 from kernelforge.report.compare import compare, compare_markdown
-from kernelforge.report.export import export
+from kernelforge.report.export.formats import export
 from kernelforge.report.html import render_html
 from kernelforge.report.markdown import to_markdown
 from kernelforge.result import Status, StoredResult, env_key

@@ -138,7 +138,7 @@ def test_roofline_percent_bound_and_suspect(h200):
 
 
 def test_projection_in_the_report_matches_the_stored_times(h200):
-    from kernelforge.report import projection as proj
+    from kernelforge.report.projection import model as proj
 
     e = h200["expected"]
     profiles = {p["profile"]: p for p in h200["data"]["projection"]["profiles"]}

@@ -21,7 +21,7 @@ from kernelforge.llm.parse import template_id_for
 from kernelforge.llm_spec import parse_llm
 from kernelforge.report.llm_section import MAX_SHOWN_CHARS, price_for, shown
 from kernelforge.report.write import write_report
-from kernelforge.search.loop import Search
+from kernelforge.search.search import Search
 from kernelforge.store.llm_stats import ModelStats
 from kernelforge.store.store import Store
 from llm_server import FAST, Reply, ScriptedServer, fenced

@@ -142,7 +142,7 @@ def test_demo_report_screens(tmp_path):
     can afford it) in headless Chromium: every section, no clipped label, one banner."""
     from kernelforge.catalog import Catalog
     from kernelforge.report.write import write_report
-    from kernelforge.search.loop import Search
+    from kernelforge.search.search import Search
     from kernelforge.search.progress import Progress
     from kernelforge.store.store import Store
 

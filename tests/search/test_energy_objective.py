@@ -15,7 +15,7 @@ from kernelforge.report.collect import collect
 from kernelforge.report.markdown import to_markdown
 from kernelforge.result import Status, StoredResult
 from kernelforge.search.energy import NVML_ENERGY, objective_in_effect, objective_value
-from kernelforge.search.loop import Search
+from kernelforge.search.search import Search
 from kernelforge.search.plan import study_name
 from kernelforge.store.store import Store
 from kf_progress import Recorder

@@ -25,7 +25,7 @@ from kernelforge.cli.main import main
 from kernelforge.errors import UserError
 from kernelforge.job import load_job
 from kernelforge.result import Status
-from kernelforge.search.loop import Search
+from kernelforge.search.search import Search
 from kernelforge.store.store import Store
 from kf_progress import Recorder
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernelforge.search import loop
+from kernelforge.search import search as loop
 from kernelforge.search.context import PROPOSALS_SHARE, JobClock
 from test_search import job_file, run_search
 

@@ -13,7 +13,7 @@ from kernelforge.catalog import Catalog
 from kernelforge.job import load_job
 from kernelforge.report.collect import collect
 from kernelforge.report.markdown import to_markdown
-from kernelforge.search.loop import Search
+from kernelforge.search.search import Search
 from kernelforge.search.progress import Progress
 from kernelforge.store.store import Store
 

@@ -24,7 +24,7 @@ from kernelforge.compile.resources import CompileReport
 from kernelforge.targets import parse_target
 from kernelforge.job import load_job
 from kernelforge.result import Status, resource_rejected
-from kernelforge.search.loop import Search
+from kernelforge.search.search import Search
 from kernelforge.store.ledger import ClaimState
 from kernelforge.store.store import Store
 from kernelforge.strategies.base import Strategy
@@ -82,7 +82,7 @@ class StandInPool:
 def told(monkeypatch):
     """Every ``infeasible`` and every failed ``tell`` (value None) the search's strategies get:
     (kind, (BLOCK, num_warps), reason) triples."""
-    from kernelforge.strategies.optuna import OptunaStrategy
+    from kernelforge.strategies.optuna.strategy import OptunaStrategy
     from kernelforge.strategies.simple import GridStrategy, RandomStrategy
 
     calls = []

@@ -14,7 +14,7 @@ import pytest
 
 from kernelforge.catalog import Catalog
 from kernelforge.job import load_job
-from kernelforge.search.loop import Search
+from kernelforge.search.search import Search
 from kernelforge.store.records import StoreCounts
 from kernelforge.store.store import Store
 from kf_progress import Recorder

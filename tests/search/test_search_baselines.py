@@ -19,7 +19,7 @@ from kernelforge.objective import by_candidate
 from kernelforge.result import Status, StoredResult
 from kernelforge.search.confirm import confirm
 from kernelforge.search.context import RunContext
-from kernelforge.search.loop import Search
+from kernelforge.search.search import Search
 from kernelforge.search.plan import baseline_candidate, baseline_candidates
 from kernelforge.search.progress import Progress
 from kernelforge.store.store import Store

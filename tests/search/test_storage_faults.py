@@ -21,7 +21,7 @@ from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
 from kernelforge.errors import StorageError
 from kernelforge.job import load_job
-from kernelforge.search.loop import Search
+from kernelforge.search.search import Search
 from kernelforge.search.progress import Progress
 from kernelforge.store.failures import clean_up
 from kernelforge.store.store import Store

@@ -18,7 +18,7 @@ from kernelforge.cli.main import main
 from kernelforge.errors import UserError
 from kernelforge.job import load_job
 from kernelforge.result import Status, StoredResult
-from kernelforge.search.loop import Search
+from kernelforge.search.search import Search
 from kernelforge.search.warm import collect
 from kernelforge.store.store import Store
 from kf_progress import Recorder

@@ -209,7 +209,7 @@ def test_a_search_with_a_strategy_asked_ahead_spends_its_budget_and_leaves_nothi
 
     from kernelforge.catalog import Catalog
     from kernelforge.job import load_job
-    from kernelforge.search.loop import Search
+    from kernelforge.search.search import Search
     from kernelforge.search.progress import Progress
     from kernelforge.store.store import Store
 

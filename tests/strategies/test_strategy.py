@@ -10,7 +10,7 @@ import pytest
 from kernelforge.errors import UserError
 from kernelforge.space import Space
 from kernelforge.strategies.names import STRATEGY_NAMES, make_strategy, strategy_available
-from kernelforge.strategies.optuna import OptunaStrategy
+from kernelforge.strategies.optuna.strategy import OptunaStrategy
 from kernelforge.strategies.simple import RandomStrategy
 
 AVAILABLE = [name for name in STRATEGY_NAMES if strategy_available(name)]
@@ -168,7 +168,7 @@ def test_missing_cmaes_names_the_package():
 def test_resume_from_sqlite_leaves_a_live_trial_alone_and_fails_a_stale_one(tmp_path, monkeypatch):
     import optuna
 
-    from kernelforge.strategies import optuna_storage
+    from kernelforge.strategies.optuna import storage as optuna_storage
 
     # Beats every second, stale after two (the real values are 10 s and 60 s).
     monkeypatch.setattr(optuna_storage, "TRIAL_HEARTBEAT_S", 1)
@@ -272,8 +272,8 @@ def test_importing_strategy_does_not_import_optuna():
     import sys
 
     code = (
-        "import sys, kernelforge.strategies.names, kernelforge.strategies.optuna, kernelforge.strategies.bench, "
-        "kernelforge.strategies.recorded, kernelforge.job; "
+        "import sys, kernelforge.strategies.names, kernelforge.strategies.optuna.strategy, kernelforge.strategies.bench.run, "
+        "kernelforge.strategies.bench.recorded, kernelforge.job; "
         "assert 'optuna' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -101,7 +101,7 @@ def check(ctx: click.Context, names: tuple[str, ...], device_name: str | None, s
 
 def _print_environment(env: dict[str, Any], trusted: bool) -> None:
     """The device line, and what isolates the candidates from this process (once)."""
-    from kernelforge.execute.sandbox import sandbox_warning
+    from kernelforge.sandbox.roles import sandbox_warning
 
     console.print(f"device: [bold]{escape(str(env['device_name']))}[/]  torch {env['torch']}  triton {env['triton']}")
     if trusted:

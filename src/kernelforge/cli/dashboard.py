@@ -1,5 +1,5 @@
 """``kernelforge dashboard``: refresh the Optuna mirror of a job's stored evaluations
-(:mod:`kernelforge.report.dashboard`) and open it in optuna-dashboard; ``report`` refreshes it too
+(:mod:`kernelforge.report.export.dashboard`) and open it in optuna-dashboard; ``report`` refreshes it too
 (:func:`refresh_mirror`)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def refresh_mirror(job, catalog, store, *, optional: bool = False) -> list:
     """Mirror ``job``'s stored evaluations into its Optuna studies and say so on stderr; returns
     the mirrored studies. ``optional`` (``report``): without Optuna nothing is said, and a mirror
     that fails is a note, not an error (the report does not depend on it)."""
-    from kernelforge.report.dashboard import available, dashboard_command, mirror_studies
+    from kernelforge.report.export.dashboard import available, dashboard_command, mirror_studies
 
     if not available() and optional:
         return []
@@ -56,7 +56,7 @@ def dashboard(ctx: click.Context, job_file: str, storage: str | None, host: str,
 
     JOB is a job file, or the name of a job under search/ (``demo`` is search/demo.toml).
     """
-    from kernelforge.report.dashboard import available, dashboard_command
+    from kernelforge.report.export.dashboard import available, dashboard_command
     from kernelforge.store.store import Store
 
     job, catalog = load_job(ctx, job_file, storage)

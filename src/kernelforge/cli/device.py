@@ -42,7 +42,7 @@ def crosscheck(ctx: click.Context, job_files: tuple[str, ...], device_name: str 
     """Time the human baseline of every block and shape of JOB(s) three ways: kernelforge's method,
     triton.testing.do_bench and do_bench_cudagraph (medians); flag ratios far from 1."""
     from kernelforge.devices.registry import get_device
-    from kernelforge.execute.crosscheck import AGREEMENT, cross_check
+    from kernelforge.execute.timing.crosscheck import AGREEMENT, cross_check
 
     loaded = [load_job(ctx, path, None) for path in job_files]
     names = {device_name or job.device for job, _ in loaded}

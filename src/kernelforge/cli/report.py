@@ -66,7 +66,7 @@ def export(ctx: click.Context, job_file: str, fmt: str, out_dir: str | None, sto
 
     JOB is a job file, or the name of a job under search/ (``demo`` is search/demo.toml).
     """
-    from kernelforge.report.export import export as run_export
+    from kernelforge.report.export.formats import export as run_export
     from kernelforge.store.store import Store
 
     job, catalog = load_job(ctx, job_file, storage)

@@ -170,9 +170,9 @@ def strategy_bench(path: str, strategies: str | None, seeds: int, first_seed: in
     under that curve, time per ask.
     Configurations absent from a cache are infeasible (never asked, never counted); recorded failures
     count as evaluations."""
-    from kernelforge.strategies.bench import bench_spaces, default_strategies
-    from kernelforge.strategies.bench_report import format_space, format_summary, write_json
-    from kernelforge.strategies.recorded import cache_files, load_kernel_tuner_cache
+    from kernelforge.strategies.bench.run import bench_spaces, default_strategies
+    from kernelforge.strategies.bench.report import format_space, format_summary, write_json
+    from kernelforge.strategies.bench.recorded import cache_files, load_kernel_tuner_cache
 
     if json_path is not None and not Path(json_path).resolve().parent.is_dir():
         raise UserError(f"--json {json_path}: its folder does not exist; create it or choose another path")

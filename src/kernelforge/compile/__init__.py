@@ -23,7 +23,7 @@ Modules, in the order the work flows:
 - :mod:`~kernelforge.compile.pool`: the entry points, which run the step in spawned children
   with timeouts: :func:`compile_candidate` (one candidate) and :class:`CompilePool` (background).
 - :mod:`~kernelforge.compile.sandboxed`: the search's pool for untrusted sources, whose processes
-  run in the OS sandbox of :mod:`kernelforge.execute.sandbox` (with a Triton cache of their own).
+  run in the OS sandbox of :mod:`kernelforge.sandbox.roles` (with a Triton cache of their own).
 
 Triton's own cache (``TRITON_CACHE_DIR`` or its default) is used, so compiling an unchanged kernel
 again costs about a millisecond plus the ptxas resource pass.

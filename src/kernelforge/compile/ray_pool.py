@@ -64,7 +64,7 @@ class RayCompilePool:
     def submit(self, source: str, block_id: str, kernels_root: str | Path, dtype: Any,
                target: str | None = None) -> Future:
         """Queue one compile (the arguments of :meth:`CompilePool.submit`); a Future of its report."""
-        from kernelforge.execute.policy import check_source
+        from kernelforge.policy.checker import check_source
 
         tgt = parse_target(target if target is not None else default_target())
         report = check_source(source)

@@ -1,7 +1,7 @@
 """The compile pool for untrusted sources: the search's compile pool.
 
 Compiling ahead of time runs a candidate's host code (to capture its launches), so its processes
-get the sandbox of the evaluation worker (:mod:`kernelforge.execute.sandbox`): started with an
+get the sandbox of the evaluation worker (:mod:`kernelforge.sandbox.roles`): started with an
 environment built from the allowlist (their exec environment: the search's secrets are never in
 them, not even in ``/proc/self/environ``), in a temporary folder of the pool's own, under the
 worker's address-space limit, dying with the search, and confined by Landlock and seccomp as the
@@ -22,7 +22,7 @@ from kernelforge.compile.pool import CompilePool, prepare_pool_worker
 from kernelforge.compile.resources import CompileReport
 from kernelforge.compile.spawning import EnvironmentSpawnContext
 from kernelforge.targets import default_target, parse_target
-from kernelforge.execute.sandbox import (Role, apply_sandbox, default_memory_limit, die_with_parent, limit_process,
+from kernelforge.sandbox.roles import (Role, apply_sandbox, default_memory_limit, die_with_parent, limit_process,
                                          sandbox_environment)
 
 
@@ -66,7 +66,7 @@ class SandboxedCompilePool(CompilePool):
                                    initargs=(self.memory_limit, os.getpid(), self._folder, self.kernels_roots))
 
     def submit(self, source: str, block_id: str, kernels_root: Any, dtype: Any, target: str | None = None) -> Future:
-        from kernelforge.execute.policy import check_source
+        from kernelforge.policy.checker import check_source
 
         report = check_source(source)
         if not report.ok:

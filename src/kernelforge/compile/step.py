@@ -53,7 +53,7 @@ def compile_here(source: str, block_id: str, kernels_root: str | Path, dtype_nam
     from kernelforge.block import DTYPES
     from kernelforge.candidate import load_module
     from kernelforge.catalog import Catalog
-    from kernelforge.execute.contract import allocate
+    from kernelforge.execute.judge.contract import allocate
 
     block = Catalog.discover(kernels_root).block(block_id)
     if dtype_name not in DTYPES:

@@ -14,7 +14,7 @@ candidate on. Its contract, which every device keeps:
 - :meth:`Device.describe` names the device and the library versions, which key stored results:
   two timings are comparable only when their descriptions agree;
 - a device is rebuilt in a worker process from its class and constructor arguments
-  (:mod:`kernelforge.execute.worker` reads them back as attributes of the same names), so
+  (:mod:`kernelforge.execute.worker.executor` reads them back as attributes of the same names), so
   constructor arguments must be stored under their own names;
 - what the rest of kernelforge may assume of it is stated by its **capabilities**, class
   attributes every device sets and nothing else guesses from its name:
@@ -23,7 +23,7 @@ candidate on. Its contract, which every device keeps:
       its timings are a GPU's: rooflines, energy and the library lines apply, and the timing
       cross-check uses ``triton.testing.do_bench`` (the interpreter's wall time is no hardware's);
   ``sandbox_role``
-      the OS-sandbox role of its worker (:class:`kernelforge.execute.sandbox.Role` value:
+      the OS-sandbox role of its worker (:class:`kernelforge.sandbox.roles.Role` value:
       ``"cuda"`` may run the GPU driver, ptxas and the C compiler; ``"interpreter"`` runs nothing);
   ``jit_on_first_call``
       a kernel's first call compiles it, so the first call gets the compile time limit too;
@@ -115,7 +115,7 @@ class Device(ABC):
         candidate), outside the timed region.
 
         ``method`` is the timing method fixed for this shape (``Timing.method`` of the shape's
-        baseline, see :class:`kernelforge.execute.timing.TimingPlan`): the device times with
+        baseline, see :class:`kernelforge.execute.timing.rounds.TimingPlan`): the device times with
         exactly that method or raises :class:`MethodUnavailable`, never another, since timings
         taken by different methods are not comparable. None: the device chooses from this round
         (the shape's first timing, the baseline's) and ``Timing.method`` says what it chose.

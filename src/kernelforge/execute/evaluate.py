@@ -5,7 +5,7 @@ with a runner (:mod:`kernelforge.execute.runner`: the worker process, or this on
 stores what it returns. The candidate only ever runs through the runner; inputs, references,
 comparisons and verdicts are made here. Timing is skipped for a shape that fails verification; a
 timed round's verified call, its inputs and its wall clock are checked
-(:mod:`kernelforge.execute.timing_check`), and what was timed is verified once more afterwards (the
+(:mod:`kernelforge.execute.timing.check`), and what was timed is verified once more afterwards (the
 timing phase must not be a place to cheat).
 """
 
@@ -20,9 +20,9 @@ import torch
 from kernelforge.block import Block, Counts, Shape
 from kernelforge.devices.base import Device
 from kernelforge.execute.runner import Entry, LocalRunner, Runner
-from kernelforge.execute.timing import TimedRound, TimingPlan, TimingSet, make_timing_sets, time_round
-from kernelforge.execute.timing_check import check_round, replayed_inputs, timing_mismatch, with_figures
-from kernelforge.execute.verify import verify_again, verify_shape
+from kernelforge.execute.timing.rounds import TimedRound, TimingPlan, TimingSet, make_timing_sets, time_round
+from kernelforge.execute.timing.check import check_round, replayed_inputs, timing_mismatch, with_figures
+from kernelforge.execute.judge.verify import verify_again, verify_shape
 from kernelforge.result import Evaluation, Status, Timing, Verification
 
 #: Message prefixes a report can look for (the status stays one of the six).
@@ -57,17 +57,17 @@ def evaluate(
     - ``runner`` runs the candidate (default: a :class:`~kernelforge.execute.runner.LocalRunner`
       on ``device``, in this process); ``device`` is this side's copy of the device (where inputs
       are allocated, its settings and ceilings);
-    - ``policy``: check the source against :mod:`kernelforge.execute.policy` first (nothing of it is
+    - ``policy``: check the source against :mod:`kernelforge.policy.checker` first (nothing of it is
       imported when it fails: status ``rejected`` on every shape);
     - ``held_out``: shapes verified (one poisoned call each, not timed) before the timed ones; a
       failure there is the candidate's status on every shape, with the message prefixed by
       :data:`HELD_OUT_FLAG`;
     - timing: each round's verified call, its inputs and its wall clock are checked
-      (:mod:`kernelforge.execute.timing_check`; ``rng`` draws the verified call, default the
+      (:mod:`kernelforge.execute.timing.check`; ``rng`` draws the verified call, default the
       system's randomness); ``plan`` fixes each shape's timing method (the baseline's; None or a
       shape it does not name: the device chooses);
     - ``recheck``: after timing a shape, one more checked call on the timing buffers with
-      perturbed values must pass (:func:`~kernelforge.execute.verify.verify_again`); on a GPU, timings
+      perturbed values must pass (:func:`~kernelforge.execute.judge.verify.verify_again`); on a GPU, timings
       below the datasheet roofline are re-verified again and flagged (:data:`ROOFLINE_FLAG`),
       and GPU work that outlives the timed events is rejected (:data:`TIMING_FLAG`);
     - functions the harness relies on are snapshotted where the candidate runs before the import
@@ -98,7 +98,7 @@ def evaluate(
         return results
 
     if policy:
-        from kernelforge.execute.policy import check_source
+        from kernelforge.policy.checker import check_source
 
         report = check_source(source)
         if not report.ok:
@@ -229,7 +229,7 @@ def pair_speedups(block: Block, baseline_source: str, candidate_source: str, sha
     Every round is checked as in :func:`evaluate`
     (its verified call, inputs and wall clock), after one verification call of each source on the
     shape (which also warms its kernels) and of the candidate on each ``held_out`` shape (a new
-    draw: :class:`~kernelforge.execute.held_out.HeldOutDraw`). Empty when either source fails to
+    draw: :class:`~kernelforge.execute.judge.held_out.HeldOutDraw`). Empty when either source fails to
     load or any check fails: the candidate is then not confirmed."""
     runner = runner if runner is not None else LocalRunner(device)
     entries = []

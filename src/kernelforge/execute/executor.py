@@ -3,7 +3,7 @@
 Search and confirmation talk only to an :class:`Executor`; which one runs is decided once, by
 :func:`make_executor`. Implementations:
 
-- :class:`kernelforge.execute.worker.WorkerExecutor`: the default; candidate code runs in a
+- :class:`kernelforge.execute.worker.executor.WorkerExecutor`: the default; candidate code runs in a
   sandboxed worker process (crash, hang and memory isolation, no secrets);
 - :class:`kernelforge.execute.inprocess.InProcessExecutor`: this process, for trusted debugging
   (``--in-process``) and tests;
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import torch
 
     from kernelforge.block import Block, Shape
-    from kernelforge.execute.timing import TimingPlan
+    from kernelforge.execute.timing.rounds import TimingPlan
     from kernelforge.result import Evaluation
 
 
@@ -40,7 +40,7 @@ class Executor(Protocol):
       environment (device name, versions, ...) that every result is stored under.
     - :meth:`evaluate` returns exactly one :class:`~kernelforge.result.Evaluation` per shape, in
       order, whatever the candidate does: failures are data, never exceptions. ``plan`` fixes the
-      timing method of each shape it names (the baseline's, :class:`~kernelforge.execute.timing.TimingPlan`):
+      timing method of each shape it names (the baseline's, :class:`~kernelforge.execute.timing.rounds.TimingPlan`):
       a candidate is timed with that method or not at all.
     - :meth:`pair_speedups` re-times baseline and candidate interleaved, ``pairs`` times, and
       returns baseline/candidate time ratios (empty when nothing can be timed).
@@ -82,7 +82,7 @@ def make_executor(device_name: str, *, in_process: bool = False, secrets: tuple[
         from kernelforge.execute.inprocess import InProcessExecutor
 
         return InProcessExecutor(device)
-    from kernelforge.execute.worker import WorkerExecutor
+    from kernelforge.execute.worker.executor import WorkerExecutor
 
     return WorkerExecutor(device, extra_secrets=secrets)
 

@@ -9,9 +9,9 @@ import torch
 from kernelforge.block import Block, Shape
 from kernelforge.devices.base import Device
 from kernelforge.execute.evaluate import evaluate, pair_speedups
-from kernelforge.execute.held_out import HeldOutDraw
+from kernelforge.execute.judge.held_out import HeldOutDraw
 from kernelforge.execute.runner import LocalRunner
-from kernelforge.execute.timing import TimingPlan
+from kernelforge.execute.timing.rounds import TimingPlan
 from kernelforge.result import Evaluation
 
 #: What results of this executor record as their sandbox.
@@ -25,7 +25,7 @@ class InProcessExecutor:
     called by a :class:`~kernelforge.execute.runner.LocalRunner` in this process: nothing is
     isolated, so a candidate that patches this process can change its verdict, and a crash or hang
     takes this process with it. Untrusted code runs through
-    :class:`kernelforge.execute.worker.WorkerExecutor`.
+    :class:`kernelforge.execute.worker.executor.WorkerExecutor`.
 
     The static policy is still applied (``policy=False`` turns it off, for tests of the run-time
     defenses), as are the held-out shapes, the checks of the timed calls and the post-timing

@@ -1,17 +1,17 @@
 """Runners: what calls a candidate for the trusted judge, and nothing else.
 
-The judge (:mod:`kernelforge.execute.verify`, :mod:`kernelforge.execute.timing`,
+The judge (:mod:`kernelforge.execute.judge.verify`, :mod:`kernelforge.execute.timing.rounds`,
 :mod:`kernelforge.execute.evaluate`) draws the inputs, keeps pristine private copies, poisons the
 outputs, computes the reference, reads what the candidate wrote and decides. It talks to the code
 that runs the candidate only through a :class:`Runner`:
 
 - :class:`LocalRunner` runs the candidate in this process (``--in-process``, ``--trusted``
   debugging, tests of the judge; nothing is isolated there);
-- :class:`kernelforge.execute.worker_runner.WorkerRunner` runs it in the worker process, on
-  tensors in memory shared with this one (:mod:`kernelforge.execute.arena` on the CPU,
-  :mod:`kernelforge.execute.cuda_share` on a GPU).
+- :class:`kernelforge.execute.worker.runner.WorkerRunner` runs it in the worker process, on
+  tensors in memory shared with this one (:mod:`kernelforge.execute.worker.arena` on the CPU,
+  :mod:`kernelforge.execute.worker.cuda_share` on a GPU).
 
-A runner's answers (:class:`~kernelforge.execute.guard.CallReport`, the timing) can only make a
+A runner's answers (:class:`~kernelforge.execute.judge.guard.CallReport`, the timing) can only make a
 verdict worse: the judge verifies every result itself.
 """
 
@@ -26,11 +26,11 @@ import torch
 
 from kernelforge.candidate import load_module
 from kernelforge.devices.base import Device
-from kernelforge.execute.cputime import this_thread_cpu_seconds
-from kernelforge.execute.fingerprint import poison_free_memory
-from kernelforge.execute.guard import TRACEBACK_CHARS, CallReport, RunFn, run_call, settle
-from kernelforge.execute.harness import harness_changes, harness_snapshot, reset_candidate_state
-from kernelforge.execute.timed_calls import TimingAnswer, TimingJob, run_timed
+from kernelforge.execute.timing.cputime import this_thread_cpu_seconds
+from kernelforge.execute.judge.fingerprint import poison_free_memory
+from kernelforge.execute.judge.guard import TRACEBACK_CHARS, CallReport, RunFn, run_call, settle
+from kernelforge.execute.judge.harness import harness_changes, harness_snapshot, reset_candidate_state
+from kernelforge.execute.timing.calls import TimingAnswer, TimingJob, run_timed
 from kernelforge.result import Status, Verification
 
 
@@ -57,14 +57,14 @@ class Runner(Protocol):
     - :meth:`call` calls the candidate once with shared tensors and scalars, and reports what the
       running side saw (``watched`` are the tensors it writes); :meth:`sync` then waits for all
       of the device's work;
-    - :meth:`time` runs one timing round (:mod:`kernelforge.execute.timed_calls`);
+    - :meth:`time` runs one timing round (:mod:`kernelforge.execute.timing.calls`);
     - :meth:`tampering` names harness functions the candidates loaded since :meth:`release`
       replaced (where they run); :meth:`release` ends a candidate's session and says why the
       runner must not serve another one (or None);
     - :meth:`step` names what is being done (a runner may give each step a time limit);
     - :meth:`cpu_seconds` is the CPU time used so far by the thread that calls the candidates,
       as the kernel accounts it (None where it cannot be read):
-      :mod:`kernelforge.execute.cputime`.
+      :mod:`kernelforge.execute.timing.cputime`.
     """
 
     torch_device: torch.device
@@ -101,7 +101,7 @@ class Entry:
 class LocalRunner:
     """A :class:`Runner` that calls candidates in this process (see the module docstring): shared
     tensors are ordinary tensors of the device, and the checks of
-    :func:`~kernelforge.execute.guard.run_call` run here."""
+    :func:`~kernelforge.execute.judge.guard.run_call` run here."""
 
     def __init__(self, device: Device | None = None, torch_device: str | torch.device | None = None):
         self.device = device

@@ -1,6 +1,6 @@
 """A runner for trusted code of ours (the blocks' library references), in this process.
 
-Candidates run through :func:`kernelforge.execute.guard.run_call`, which rejects a call that
+Candidates run through :func:`kernelforge.execute.judge.guard.run_call`, which rejects a call that
 launches no Triton kernel, computes with torch on the host, or tampers with the harness. A library
 reference does all of that by design (it calls FlexAttention or SDPA), so it runs here instead:
 the plain call, whose exception is its ``runtime_error``. Every verdict is still the judge's, made
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from kernelforge.execute.fingerprint import poison_free_memory
-from kernelforge.execute.guard import CallReport, raised
+from kernelforge.execute.judge.fingerprint import poison_free_memory
+from kernelforge.execute.judge.guard import CallReport, raised
 from kernelforge.execute.runner import LocalRunner
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 class TrustedRunner(LocalRunner):
     """A :class:`~kernelforge.execute.runner.LocalRunner` for trusted library code: a call is
     the plain call (its exception is its ``runtime_error``), without the candidate-only checks of
-    :func:`~kernelforge.execute.guard.run_call` (a library launches no Triton kernel of ours and
+    :func:`~kernelforge.execute.judge.guard.run_call` (a library launches no Triton kernel of ours and
     computes with torch by design), and harness tampering is not watched (torch.compile may
     install hooks; the code is ours). Every verdict is still the judge's, from the bytes written."""
 

@@ -67,7 +67,7 @@ def system_prompt() -> str:
 @functools.lru_cache(maxsize=32)
 def _facts(block_type: type, block_id: str, dtype_name: str) -> dict[str, Any]:
     from kernelforge.block import DTYPES
-    from kernelforge.execute.contract import allocate
+    from kernelforge.execute.judge.contract import allocate
 
     module = inspect.getmodule(block_type)
     docs = [d for d in (module.__doc__ if module else None, block_type.__doc__) if d]
@@ -243,7 +243,7 @@ def _tolerances(block_type: type, block_id: str, dtype_name: str, device_type: s
     import torch
 
     from kernelforge.block import DTYPES
-    from kernelforge.execute.contract import allocate
+    from kernelforge.execute.judge.contract import allocate
 
     block = block_type(block_id)
     dtype = DTYPES[dtype_name]

@@ -1,6 +1,6 @@
 """The LLM generator behind the search's proposer seam (:class:`kernelforge.search.proposer.Proposer`).
 
-Whoever builds a :class:`~kernelforge.search.loop.Search` (the command line, a test) passes the
+Whoever builds a :class:`~kernelforge.search.search.Search` (the command line, a test) passes the
 proposer of :func:`for_job`: the live generator for a job's ``[llm]`` table, the replaying one for
 ``--llm replay[:PATH]``, none without ``[llm]``. Nothing of the generator is created before the
 search starts it (after its baselines), so a job's events come in the same order either way.

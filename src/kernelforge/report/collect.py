@@ -27,10 +27,10 @@ from kernelforge.job import BlockSpec, Job, Tune
 from kernelforge.objective import (baseline_results, by_candidate, geomean, geomean_speedup, rank, speedup,
                                    speedup_spread)
 from kernelforge.redact import redact_url
-from kernelforge.report.dashboard import dashboard_command
+from kernelforge.report.export.dashboard import dashboard_command
 from kernelforge.report.llm_section import collect_llm
 from kernelforge.report.pareto import block_fronts
-from kernelforge.report.projected import collect_projection
+from kernelforge.report.projection.of_report import collect_projection
 from kernelforge.report.records import (Banner, BaselineSource, BlockReport, CandidateRow, CompileRow, Progress,
                                         ProgressPoint, Report, RooflineMeta, ShapeBaseline, ShapeRoofline, ShapeRow,
                                         Suspect, Winner)

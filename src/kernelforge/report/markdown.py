@@ -16,7 +16,7 @@ from kernelforge.report.format import (baseline_ref, baseline_spread_text, basel
 from kernelforge.report.llm_markdown import llm_markdown
 from kernelforge.report.moe_table import moe_markdown
 from kernelforge.report.pareto import front_markdown
-from kernelforge.report.projected import NOTHING_PROJECTED
+from kernelforge.report.projection.of_report import NOTHING_PROJECTED
 from kernelforge.report.records import BlockReport, Confirmation, PhaseRow, ProjectionReport, Report, ShapeRow
 
 #: Device kinds whose timings are not live GPU measurements: they get a banner everywhere.

@@ -16,7 +16,7 @@ from typing import Any
 
 from kernelforge.devices.hardware import Ceilings, RooflinePoint
 from kernelforge.job import Tune
-from kernelforge.report.model_costs import Feasibility
+from kernelforge.report.projection.gpt_oss import Feasibility
 from kernelforge.library import LibraryLine
 from kernelforge.report.llm_section import LLMSection
 from kernelforge.report.pareto import ParetoFront
@@ -285,7 +285,7 @@ class MissingGroup:
 
 @dataclass(frozen=True)
 class ComponentRow:
-    """One block's part of a phase (see kernelforge.report.projection.Component); ``estimate``:
+    """One block's part of a phase (see kernelforge.report.projection.model.Component); ``estimate``:
     a roofline estimate of the dense parts, not a measurement."""
 
     block: str
@@ -304,7 +304,7 @@ class ComponentRow:
 
 @dataclass(frozen=True)
 class PhaseRow:
-    """TTFT or TBT of one model (see kernelforge.report.projection.Phase)."""
+    """TTFT or TBT of one model (see kernelforge.report.projection.model.Phase)."""
 
     kind: str
     model: str

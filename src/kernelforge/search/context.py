@@ -1,6 +1,6 @@
 """The run context: what every stage of one search run shares, fixed once the executor is ready.
 
-Built by :meth:`kernelforge.search.loop.Search.prepare` after the executor described its
+Built by :meth:`kernelforge.search.search.Search.prepare` after the executor described its
 environment; the measuring pipeline, the confirmation and the proposers read it instead of
 reaching into the search.
 """

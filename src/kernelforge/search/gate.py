@@ -1,7 +1,7 @@
 """The policy gate: the one place the search decides whether proposed code may run at all.
 
 Human templates are trusted. Code a proposer wrote (an LLM's templates) passes the static policy
-(:mod:`kernelforge.execute.policy`: Triton, torch allocation and views, math; no torch compute,
+(:mod:`kernelforge.policy.checker`: Triton, torch allocation and views, math; no torch compute,
 no os/sys/threads, ...) before anything of it is compiled or run; a candidate that breaks it is
 stored as ``rejected`` on every shape. A point a proposer suggests for a human template renders
 human code, so it is trusted like the template.
@@ -19,16 +19,16 @@ from kernelforge.result import Status
 
 
 class PolicyUnavailable(RuntimeError):
-    """kernelforge.execute.policy cannot be imported: proposed code is never run without it."""
+    """kernelforge.policy.checker cannot be imported: proposed code is never run without it."""
 
 
 def require_policy():
     """The policy's ``check_source``; raises :class:`PolicyUnavailable` when it cannot be imported
     (the policy is its own stage of the flow, imported only when proposed code needs it)."""
     try:
-        from kernelforge.execute.policy import check_source
+        from kernelforge.policy.checker import check_source
     except ImportError as exc:
-        raise PolicyUnavailable(f"kernelforge.execute.policy cannot be imported ({exc}); LLM-written code never runs "
+        raise PolicyUnavailable(f"kernelforge.policy.checker cannot be imported ({exc}); LLM-written code never runs "
                                 "without the static policy check") from None
     return check_source
 

@@ -9,7 +9,7 @@ module global ``BACKEND`` that pins one.
 :func:`measure_library` verifies it with the judge every candidate meets
 (:func:`kernelforge.execute.evaluate.evaluate`: poisoned outputs, repeated calls, new values under
 the same pointers, fingerprints, the fp32 reference and the block's tolerance) and, on a GPU only,
-times it with the same device timing (the shape's :class:`~kernelforge.execute.timing.TimingPlan`
+times it with the same device timing (the shape's :class:`~kernelforge.execute.timing.rounds.TimingPlan`
 method when given). It runs in this process through :class:`TrustedRunner`: the candidate-only
 checks (a Triton launch, no torch compute on the host, harness tampering) would reject a library
 by design (:mod:`kernelforge.execute.trusted_runner`). On the interpreter it only verifies: a CPU timing of SDPA against Triton-interpreter
@@ -39,7 +39,7 @@ from kernelforge.result import Evaluation, StoredResult
 if TYPE_CHECKING:
     from kernelforge.catalog import Catalog
     from kernelforge.devices.base import Device
-    from kernelforge.execute.timing import TimingPlan
+    from kernelforge.execute.timing.rounds import TimingPlan
     from kernelforge.search.context import RunContext
     from kernelforge.store.store import Store
 

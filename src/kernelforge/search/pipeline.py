@@ -16,7 +16,7 @@ from dataclasses import asdict
 from kernelforge.block import Block, Shape
 from kernelforge.candidate import Candidate
 from kernelforge.errors import UserError
-from kernelforge.execute.timing import TimingPlan
+from kernelforge.execute.timing.rounds import TimingPlan
 from kernelforge.targets import parse_target
 from kernelforge.result import Evaluation, Status, StoredResult, Verification, resource_rejected
 from kernelforge.search.context import RunContext

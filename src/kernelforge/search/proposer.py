@@ -5,7 +5,7 @@ A proposer hands the search :class:`Proposal` records (a new template, or points
 of the search) between evaluations; the search acts on each and tells the proposer its
 :class:`Verdict`. The search owns everything it builds from a proposal (studies, budgets from the
 reserve, the policy gate); the proposer owns how it proposes. The search never imports a
-proposer's package: whoever builds the :class:`~kernelforge.search.loop.Search` passes one in.
+proposer's package: whoever builds the :class:`~kernelforge.search.search.Search` passes one in.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 kept in step with it, claims made before evaluating, points a peer is evaluating waited for, and
 a dead worker's claims adopted.
 
-Every worker runs the same loop (:mod:`kernelforge.search.loop`); the ledger is what makes several
+Every worker runs the same loop (:mod:`kernelforge.search.search`); the ledger is what makes several
 of them one search. A point the worker's strategy asks that a live peer has claimed is not
 evaluated again: it waits in :attr:`Shares.waiting` until the peer's results are stored (then the
 strategy is told them, as for any stored result), or until the peer dies (then it is taken over).

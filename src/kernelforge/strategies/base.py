@@ -24,7 +24,7 @@ Contract of every :class:`Strategy` (tests/strategies/test_strategy.py runs it o
   strategy settled itself without returning them (they cost no device time).
 
 Implementations: :mod:`kernelforge.strategies.simple` (grid, random) and
-:mod:`kernelforge.strategies.optuna` (Optuna's samplers); :mod:`kernelforge.strategies.names` is
+:mod:`kernelforge.strategies.optuna.strategy` (Optuna's samplers); :mod:`kernelforge.strategies.names` is
 the one table of their names.
 """
 

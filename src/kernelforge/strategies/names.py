@@ -13,9 +13,9 @@ from typing import Any, Callable, Mapping
 
 from kernelforge.errors import UserError
 from kernelforge.space import Space
-from kernelforge.strategies.auto import AutoStrategy
+from kernelforge.strategies.auto.strategy import AutoStrategy
 from kernelforge.strategies.base import Strategy
-from kernelforge.strategies.optuna import OptunaStrategy
+from kernelforge.strategies.optuna.strategy import OptunaStrategy
 from kernelforge.strategies.simple import GridStrategy, RandomStrategy
 
 

@@ -14,7 +14,7 @@ does: each costs an evaluation. Only the order is used, never a source time.
 score in [0, 1] (the normal score of its rank, so the few best stand apart from the many middling:
 0 for the fastest, 0.5 for the median, 1 for the slowest; a configuration that failed there
 scores 1). ``auto`` reads it as one more input of its Gaussian processes
-(:class:`~kernelforge.strategies.surrogate.Encoder`), and the fit decides how much it says.
+(:class:`~kernelforge.strategies.auto.surrogate.Encoder`), and the fit decides how much it says.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from statistics import NormalDist
 from typing import Any, Hashable, Iterable, Sequence
 
 from kernelforge.errors import UserError
-from kernelforge.strategies.recorded import RecordedSpace
+from kernelforge.strategies.bench.recorded import RecordedSpace
 
 #: How many warm points a study, or a run of the strategy bench, asks first at most.
 DEFAULT_LIMIT = 4

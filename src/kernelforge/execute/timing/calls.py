@@ -1,0 +1,173 @@
+"""The timed calls of one timing round, as the process that runs the candidate makes them.
+
+The trusted side (:mod:`kernelforge.execute.timing.rounds`) prepares the input sets in shared memory and
+says which call of the round it will verify (:class:`TimingJob`); the runner (the worker, or this
+process in-process) hands the device one call per input set and a preparation to run before every
+call, outside the timed region (:meth:`kernelforge.devices.base.Device.time`):
+
+- the block's in-place inputs are restored (when it resets them);
+- one value of each floating-point input changes (:func:`touch_inputs`), so identical inputs never
+  come back and a cache keyed on the input values never hits (EVALUATION.md #4);
+- every output gets fresh poison, exactly as before a verification call, so a candidate that
+  skips the work when its output does not arrive poisoned is left with poison; the first call
+  after a preparation runs on the set just prepared, whatever index the device's loop gives;
+- after each call the trusted side chose to verify (every call of the round in the interpreter;
+  on a GPU one warm-up call it drew at random, so the candidate cannot know it), the outputs and
+  in-place inputs of that call are copied aside, at the next preparation (or when timing ends),
+  outside the timed region. The trusted side compares each copy with its own reference of the
+  inputs as they were at that call: a timed call is a verified call;
+- after every call, at the next preparation (or when timing ends), the number of output elements
+  that still hold the poison is recorded for that call (``unwritten``): a call that skipped its
+  work, on any call of any loop of the device, leaves poison, and the trusted side names it.
+
+The preparation is deterministic in the call index, so the trusted side replays it on its pristine
+copies (:func:`touch_inputs` is the one function both sides run).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+
+from kernelforge.devices.base import Device
+from kernelforge.execute.judge.fingerprint import poison, poisoned_count
+from kernelforge.execute.judge.guard import CallReport, RunFn, raised
+from kernelforge.result import Timing
+
+
+def touch_inputs(inputs: Mapping[str, Any], call: int) -> None:
+    """Change one element of each floating-point input tensor, in place (its sign), before call
+    ``call`` of a timing round: identical inputs never come back, so a cache keyed on the input
+    values misses every time (EVALUATION.md #4) and what is timed is the computation."""
+    for tensor in inputs.values():
+        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.numel() and tensor.is_contiguous():
+            flat = tensor.view(-1)
+            index = (call * 7919 + 13) % flat.numel()
+            if tensor.element_size() == 1:
+                # fp8 (quantised weights): torch has no negation for it on the CPU; flipping the
+                # sign bit is the same change (e4m3fn and e5m2 keep the sign in the top bit).
+                flat.view(torch.uint8)[index] ^= 0x80
+            else:
+                flat[index].neg_()
+
+
+@dataclass(frozen=True)
+class TimingJob:
+    """One timing round, as the trusted side asks for it.
+
+    ``sets`` are the arguments of each input set's call (shared tensors and scalars by name);
+    ``outputs`` name the outputs among them (poisoned before every call) and ``inplace`` the
+    in-place inputs (restored before every call when ``reset``). After the call that follows
+    preparation ``verified[k]``, the tensors named in ``aside[k]`` (outputs and in-place inputs)
+    are copied into those shared buffers; for a block that does not reset its in-place inputs,
+    their values just before that call are copied into ``inplace_before[k]``. ``unwritten`` (a
+    shared int64 vector, -1 where nothing was recorded) gets, at index ``i``, how many output
+    elements the call after preparation ``i`` left poisoned. ``method`` is the timing method fixed
+    for the shape (its baseline's; None: the device chooses, and what it chose is the shape's
+    method from then on: :class:`kernelforge.execute.timing.rounds.TimingPlan`).
+    """
+
+    sets: tuple[dict[str, Any], ...]
+    outputs: tuple[str, ...]
+    inplace: tuple[str, ...]
+    reset: bool
+    verified: tuple[int, ...]
+    aside: tuple[dict[str, torch.Tensor], ...]
+    inplace_before: tuple[dict[str, torch.Tensor], ...] = ()
+    working_set_bytes: int = 0
+    method: str | None = None
+    unwritten: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class TimingAnswer:
+    """What the runner says about a round: the device's ``timing`` (None when the candidate
+    raised: ``report``), how many calls it ``prepared``, and for each verified preparation the
+    input set whose call after it was copied aside (None: that call was never made)."""
+
+    timing: Timing | None
+    report: CallReport
+    prepared: int
+    copied_sets: tuple[int | None, ...]
+
+
+class _Round:
+    """The preparation and the calls of one round (see the module docstring)."""
+
+    def __init__(self, run: RunFn, job: TimingJob):
+        self.run, self.job = run, job
+        self.saved = [{name: args[name].clone() for name in job.inplace} if job.reset else {} for args in job.sets]
+        self.inputs = [{k: v for k, v in args.items() if k not in job.outputs} for args in job.sets]
+        self.slots = {index: k for k, index in enumerate(job.verified)}
+        self.prepared = 0
+        self.index = -1  # the latest preparation
+        self.armed: int | None = None  # the slot of aside buffers the next call fills
+        self.pending: tuple[int, int] | None = None  # (slot, input set) made, not yet copied
+        self.copied: list[int | None] = [None] * len(job.verified)
+        self.last: tuple[int, int] | None = None  # (preparation, input set) of a call not yet counted
+        self.fresh: int | None = None  # the input set prepared since the last call
+
+    def settle(self) -> None:
+        """Copy the verified call aside and count what the latest call left unwritten (outside
+        the timed region: before the next preparation, and when the round ends)."""
+        if self.pending is not None:
+            slot, which = self.pending
+            args = self.job.sets[which]
+            for name, buffer in self.job.aside[slot].items():
+                buffer.copy_(args[name])
+            self.copied[slot], self.pending = which, None
+        unwritten = self.job.unwritten
+        if self.last is not None and unwritten is not None:
+            index, which = self.last
+            if 0 <= index < unwritten.numel():
+                args = self.job.sets[which]
+                unwritten[index:index + 1].copy_(sum(poisoned_count(args[name]) for name in self.job.outputs)
+                                                  .reshape(1))
+        self.last = None
+
+    def before(self, index: int) -> None:
+        self.settle()
+        which = index % len(self.job.sets)
+        args = self.job.sets[which]
+        for name, copy in self.saved[which].items():
+            args[name].copy_(copy)
+        touch_inputs(self.inputs[which], index)
+        for name in self.job.outputs:
+            poison(args[name])
+        self.armed = self.slots.get(index)
+        if self.armed is not None and self.armed < len(self.job.inplace_before):
+            for name, buffer in self.job.inplace_before[self.armed].items():
+                buffer.copy_(args[name])
+        self.index, self.fresh = index, which
+        self.prepared = max(self.prepared, index + 1)
+
+    def call(self, which: int) -> None:
+        if self.fresh is not None:
+            # The first call after a preparation runs on the set just prepared, whichever set the
+            # device's loop index names (CudaDevice's later loops restart their index while the
+            # preparations go on counting): a call never finds a set it did not poison and touch.
+            which, self.fresh = self.fresh, None
+        self.run(**self.job.sets[which])
+        if self.armed is not None:
+            self.pending, self.armed = (self.armed, which), None
+        if self.index >= 0:
+            self.last = (self.index, which)
+
+
+def run_timed(run: RunFn, device: Device, job: TimingJob) -> TimingAnswer:
+    """Time ``run`` on the sets of ``job`` with ``device`` (see the module docstring). The
+    candidate's exception is its ``runtime_error`` (in the answer's report); nothing raises."""
+    round_ = _Round(run, job)
+    calls = [lambda which=which: round_.call(which) for which in range(len(job.sets))]
+    try:
+        # ``method`` is passed only when fixed, so a device written before it existed still times
+        # a shape's first round.
+        fixed = {} if job.method is None else {"method": job.method}
+        timing = device.time(calls, working_set_bytes=job.working_set_bytes, before=round_.before, **fixed)
+        round_.settle()
+    except Exception as exc:  # a crash while timing is the candidate's runtime error
+        return TimingAnswer(None, CallReport.of(raised(exc, "while timing: ")), round_.prepared,
+                            (None,) * len(job.verified))
+    return TimingAnswer(timing, CallReport(), round_.prepared, tuple(round_.copied))

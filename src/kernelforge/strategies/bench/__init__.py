@@ -1,0 +1,10 @@
+"""The strategy bench: strategies compared on recorded GPU spaces (``kernelforge strategy-bench``).
+
+- :mod:`.recorded`: Kernel Tuner cache files as recorded spaces, replayed instead of a device.
+- :mod:`.run`: the runs: evaluations needed to get within x% of the optimum, per strategy and seed.
+- :mod:`.anytime`: how good the best found is after any number of evaluations.
+- :mod:`.stats`: percentiles and bootstrap intervals.
+- :mod:`.report`: the bench's tables, the summary against TPE and the JSON file.
+"""
+
+__all__ = ["recorded", "run", "anytime", "stats", "report"]

@@ -1,0 +1,247 @@
+"""The strategy bench's output: plain-text tables, the summary against TPE, and the JSON file.
+
+:func:`format_space` prints one space (a header line, then :func:`format_table`: the evaluation
+figures, and a second table of the anytime figures: best/optimum after 10/25/50/100/200
+evaluations, the normalised area under that curve with its 95% interval, and time per ask);
+:func:`format_summary` one line per space comparing each strategy with ``tpe``, then one line per
+space of every strategy's anytime figures; :func:`to_json` is
+the one conversion of the bench's records to JSON (:func:`write_json` writes it).
+
+JSON shape (``version`` 1)::
+
+    {"version": 1, "thresholds": [0.01, 0.05, 0.1], "spaces": [
+      {"space", "device", "feasible", "grid_size", "optimum_ms", "optimum_point", "budget", "seeds",
+       "stopped_at_1pct" (each run ended once within 1%), "warm_from" (a space name or null),
+       "warm_points" (how many of its points every run asked first), "checkpoints": [10, 25, ...],
+       "strategies": [{"strategy", "median_evaluations": {"0.01": n, ...}, "hit_rate": {"0.01": f, ...},
+                       "median_best_ratio", "median_best_ratio_at": {"10": r, ...}, "area", "area_interval": [low, high],
+                       "ask_ms_median",
+                       "ask_ms_p95", "median_free_tells", "seconds",
+                       "vs_tpe": {"fraction", "bound", "interval": [low, high], "hit_rate", "tpe_hit_rate"}
+                                  (absent for tpe; the interval: the 95% bootstrap interval of the fraction),
+                       "runs": [{"seed", "evaluations", "free_tells", "best_ms", "reached": {"0.01": n|null},
+                                 "best_ms_at": {"25": ms|null}, "trace": [[n, ms], ...] (each evaluation n at
+                                 which the best improved, and the new best), "ask_ms_median", "ask_ms_p95",
+                                 "seconds"}]}]}
+
+The fields ``warm_from``, ``warm_points``, ``area``, ``area_interval`` and ``trace`` were added to
+version 1 (issue 34); files written before lack them.]}
+
+A median of evaluations counts a seed that missed as ``budget + 1``; a ratio with no success is null.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any, Sequence
+
+from kernelforge.errors import UserError
+from kernelforge.strategies.bench.run import (LEVEL, REFERENCE, THRESHOLDS, BenchRow, BenchRun, Relative, SpaceBench,
+                                          percentile)
+
+JSON_VERSION = 1
+
+
+def _median_text(value: float, budget: int) -> str:
+    if value > budget:
+        return f">{budget}"
+    return f"{value:g}"
+
+
+def _ratio_text(value: float) -> str:
+    return "-" if math.isinf(value) else f"{value:.3f}"
+
+
+def _lay_out(lines: list[list[str]]) -> list[str]:
+    """Columns padded to their widest cell (the first left-aligned), a rule under the header."""
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    out = []
+    for i, line in enumerate(lines):
+        out.append("  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(line, widths))))
+        if i == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return out
+
+
+def format_table(rows: Sequence[BenchRow]) -> str:
+    """Two plain-text tables of bench rows (one line per strategy each): evaluations to each
+    threshold, hit rates, final best/optimum, free tells and seconds; then best/optimum at each
+    checkpoint and the median and 95th percentile time per ask."""
+    if not rows:
+        return "(no strategies)"
+    first = rows[0]
+    head = ["strategy"]
+    head += [f"evals to {t:.0%}" for t in THRESHOLDS]
+    head += [f"hit {t:.0%}" for t in THRESHOLDS]
+    head += ["best/opt", "free tells", "seconds"]
+    lines = [head]
+    for row in rows:
+        cells = [row.strategy]
+        cells += [_median_text(row.median_evaluations[t], row.budget) for t in THRESHOLDS]
+        cells += [f"{row.hit_rate[t]:.0%}" for t in THRESHOLDS]
+        cells += [_ratio_text(row.median_best_ratio), f"{row.median_free_tells:g}", f"{row.seconds:.1f}"]
+        lines.append(cells)
+    marks = list(first.median_best_ratio_at)
+    second = [["strategy"] + [f"best/opt @{c}" for c in marks] + ["area", f"area {LEVEL:.0%}"]
+              + ["ask ms p50", "ask ms p95"]]
+    for row in rows:
+        second.append([row.strategy] + [_ratio_text(row.median_best_ratio_at[c]) for c in marks]
+                      + [f"{row.area:.3f}", _interval_text(row.area_interval)]
+                      + [f"{row.ask_ms_median:.2f}", f"{row.ask_ms_p95:.2f}"])
+    out = [
+        f"medians over {first.seeds} seeds, budget {first.budget} evaluations, optimum "
+        f"{first.optimum:.6g} ms; a seed that misses a threshold counts as budget+1 "
+        f"(\">{first.budget}\": most seeds missed it)"
+    ]
+    out += _lay_out(lines)
+    out.append("")
+    out += _lay_out(second)
+    return "\n".join(out)
+
+
+def _interval_text(interval: tuple[float, float]) -> str:
+    return f"{interval[0]:.3f}-{interval[1]:.3f}"
+
+
+def format_space(result: SpaceBench) -> str:
+    """One space: its name, device, feasible and grid sizes, then :func:`format_table`."""
+    device = f" on {result.device}" if result.device else ""
+    head = (f"== {result.name}{device}: {result.feasible} feasible (recorded) configurations of a "
+            f"{result.grid_size}-point grid")
+    seeds = sorted(run.seed for run in result.rows[0].runs) if result.rows else []
+    if seeds:
+        head += f"; seeds {seeds[0]}-{seeds[-1]}"
+    if result.warm_from:
+        head += f"; warm start: every run asked the {result.warm_points} best-ranked points of {result.warm_from} first"
+    if result.stopped:
+        head += "; each run stopped once within 1% (best/opt after that: the best at the stop)"
+    return head + "\n" + format_table(result.rows)
+
+
+def _relative_text(rel: Relative) -> str:
+    fraction = "n/a" if rel.bound == "?" else f"{rel.bound}{rel.fraction:.2f}x"
+    interval = f"{LEVEL:.0%} {rel.low:.2f}-{rel.high:.2f}; " if not rel.bound else ""
+    return f"{rel.strategy} {fraction} ({interval}hit {rel.hit_rate:.0%} vs {rel.reference_hit_rate:.0%})"
+
+
+def format_summary(results: Sequence[SpaceBench]) -> str:
+    """One line per space: each strategy's median evaluations to 1% as a fraction of tpe's, and
+    its hit rate to 1% against tpe's (none when tpe was not benched or is alone); then
+    :func:`format_anytime` ("" when there is neither)."""
+    lines = []
+    for result in results:
+        relatives = result.relative()
+        if relatives:
+            lines.append(f"{result.name}: " + "; ".join(_relative_text(r) for r in relatives))
+    anytime = format_anytime(results)
+    if not lines:
+        return anytime
+    return (f"evaluations to 1% as a fraction of {REFERENCE}'s (below 1: fewer; >x or <x: a bound, one side "
+            f"missed in most seeds; n/a: both did), its {LEVEL:.0%} bootstrap interval over seeds, hit rates to 1% "
+            f"against {REFERENCE}'s:\n" + "\n".join(lines) + ("\n\n" + anytime if anytime else ""))
+
+
+def format_anytime(results: Sequence[SpaceBench]) -> str:
+    """One line per space and strategy: the median best/optimum at each checkpoint within the
+    budget and the area under that curve with its interval ("" for no results)."""
+    lines = []
+    for result in results:
+        for row in result.rows:
+            marks = " ".join(f"@{c} {_ratio_text(r)}" for c, r in row.median_best_ratio_at.items())
+            lines.append(f"{result.name} {row.strategy}: {marks}; area {row.area:.3f} "
+                         f"({LEVEL:.0%} {_interval_text(row.area_interval)})")
+    if not lines:
+        return ""
+    return ("anytime: median best/optimum after n evaluations (@n), and the normalised area under that curve "
+            "(mean optimum/best over the budget; 1 is the optimum from the first evaluation):\n" + "\n".join(lines))
+
+
+def _finite(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(value) else value
+
+
+def _run_json(run: BenchRun) -> dict[str, Any]:
+    asks = sorted(run.ask_ms)
+    return {
+        "seed": run.seed,
+        "evaluations": run.evaluations,
+        "free_tells": run.free_tells,
+        "best_ms": run.best_time,
+        "reached": {str(t): n for t, n in run.reached.items()},
+        "best_ms_at": {str(c): v for c, v in run.best_at.items()},
+        "trace": _improvements(run.trace),
+        "ask_ms_median": statistics.median(asks) if asks else 0.0,
+        "ask_ms_p95": percentile(asks, 0.95),
+        "seconds": run.seconds,
+    }
+
+
+def _improvements(trace: Sequence[float | None]) -> list[list[float]]:
+    """[[n, best], ...]: each evaluation n (from 1) at which the best improved, and the new best."""
+    out: list[list[float]] = []
+    for n, best in enumerate(trace, start=1):
+        if best is not None and (not out or best < out[-1][1]):
+            out.append([n, best])
+    return out
+
+
+def _row_json(row: BenchRow, relative: Relative | None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "strategy": row.strategy,
+        "median_evaluations": {str(t): v for t, v in row.median_evaluations.items()},
+        "hit_rate": {str(t): v for t, v in row.hit_rate.items()},
+        "median_best_ratio": _finite(row.median_best_ratio),
+        "median_best_ratio_at": {str(c): _finite(v) for c, v in row.median_best_ratio_at.items()},
+        "area": row.area,
+        "area_interval": list(row.area_interval),
+        "ask_ms_median": row.ask_ms_median,
+        "ask_ms_p95": row.ask_ms_p95,
+        "median_free_tells": row.median_free_tells,
+        "seconds": row.seconds,
+    }
+    if relative is not None:
+        out[f"vs_{relative.reference}"] = {
+            "fraction": relative.fraction,
+            "bound": relative.bound,
+            "interval": [relative.low, relative.high],
+            "hit_rate": relative.hit_rate,
+            f"{relative.reference}_hit_rate": relative.reference_hit_rate,
+        }
+    out["runs"] = [_run_json(run) for run in row.runs]
+    return out
+
+
+def _space_json(result: SpaceBench) -> dict[str, Any]:
+    relatives = {r.strategy: r for r in result.relative()}
+    return {
+        "space": result.name,
+        "device": result.device,
+        "feasible": result.feasible,
+        "grid_size": result.grid_size,
+        "optimum_ms": result.optimum,
+        "optimum_point": dict(result.optimum_point),
+        "budget": result.budget,
+        "seeds": result.seeds,
+        "stopped_at_1pct": result.stopped,
+        "warm_from": result.warm_from,
+        "warm_points": result.warm_points,
+        "checkpoints": list(result.rows[0].median_best_ratio_at) if result.rows else [],
+        "strategies": [_row_json(row, relatives.get(row.strategy)) for row in result.rows],
+    }
+
+
+def to_json(results: Sequence[SpaceBench]) -> dict[str, Any]:
+    """The bench's results as a JSON-ready object (shape in this module's docstring)."""
+    return {"version": JSON_VERSION, "thresholds": list(THRESHOLDS), "spaces": [_space_json(r) for r in results]}
+
+
+def write_json(results: Sequence[SpaceBench], path: str | Path) -> None:
+    """Write :func:`to_json` to ``path``; UserError naming it when it cannot be written."""
+    path = Path(path)
+    try:
+        path.write_text(json.dumps(to_json(results), indent=1, allow_nan=False) + "\n")
+    except OSError as exc:
+        raise UserError(f"--json {path}: cannot write it ({exc.strerror or exc}); choose a writable path") from None

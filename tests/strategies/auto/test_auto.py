@@ -1,0 +1,323 @@
+"""The ``auto`` strategy beyond the shared contract: the surrogate, the chance to run, enqueue,
+spaces too large to list, non-numeric parameters. Every run is seeded, so each assertion is
+deterministic (no timing, no luck)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+
+import numpy as np
+
+from kernelforge.space import Space
+from kernelforge.strategies.auto.strategy import MEMBERS, AutoStrategy, member_odds
+from kernelforge.strategies.names import make_strategy
+from kernelforge.strategies.auto.parzen import ParzenRatio
+from kernelforge.strategies.auto.surrogate import (Encoder, GaussianProcess, expected_improvement, is_power_of_two,
+                                              splits_by_power_of_two)
+
+
+def grid_space() -> Space:
+    return Space.build({"a": list(range(12)), "b": list(range(12)), "c": [1, 2, 4, 8]}, [], where="test")
+
+
+def bowl(point) -> float:
+    """A smooth landscape with one optimum at a=7, b=3, c=4 (value 1.0)."""
+    return 1.0 + 0.3 * (point["a"] - 7) ** 2 + 0.2 * (point["b"] - 3) ** 2 + abs(point["c"] - 4)
+
+
+def evaluations_to_optimum(strategy, objective, budget: int) -> int:
+    for n in range(1, budget + 1):
+        point = strategy.ask()
+        assert point is not None
+        value = objective(point)
+        strategy.tell(point, value)
+        if value <= 1.0:
+            return n
+    return budget + 1
+
+
+def test_auto_finds_the_optimum_of_a_smooth_space_far_sooner_than_random():
+    space = grid_space()  # 576 points
+    auto = [evaluations_to_optimum(make_strategy("auto", space, seed=s), bowl, 300) for s in range(4)]
+    rand = [evaluations_to_optimum(make_strategy("random", space, seed=s), bowl, 300) for s in range(4)]
+    assert statistics.median(auto) * 3 < statistics.median(rand), (auto, rand)
+    assert max(auto) <= 100, auto
+
+
+def test_auto_exhausts_a_small_space_then_returns_none():
+    space = Space.build({"x": [1, 2, 3], "y": ["p", "q"]}, [], where="test")
+    strategy = AutoStrategy(space, seed=0)
+    seen = []
+    while (point := strategy.ask()) is not None:
+        seen.append((point["x"], point["y"]))
+        strategy.tell(point, float(point["x"]) if point["y"] == "p" else None)
+    assert sorted(seen) == sorted((x, y) for x in (1, 2, 3) for y in ("p", "q"))
+    assert strategy.evaluations == 6
+
+
+def test_infeasible_points_are_free_and_steer_the_search_away():
+    space = grid_space()
+    infeasible = lambda p: p["a"] >= 6  # noqa: E731  the half of the space that "cannot run"
+    late_infeasible = []
+    for seed in range(5):
+        strategy = AutoStrategy(space, seed=seed)
+        asked = []
+        for _ in range(60):
+            point = strategy.ask()
+            asked.append(point)
+            if infeasible(point):
+                strategy.infeasible(point, "shared memory over the limit")
+            else:
+                strategy.tell(point, bowl(point))
+        told_infeasible = sum(infeasible(p) for p in asked)
+        assert strategy.free_tells == told_infeasible
+        assert strategy.evaluations == 60 - told_infeasible
+        keys = [tuple(p.values()) for p in asked]
+        assert len(set(keys)) == len(keys)
+        late_infeasible.append(sum(infeasible(p) for p in asked[30:]))
+    # Half of the space cannot run; after learning it, most asks stay in the half that can (at
+    # random, half of the last 30 would not run).
+    assert statistics.median(late_infeasible) <= 30 // 4, late_infeasible
+
+
+def test_enqueued_point_is_asked_next_and_not_twice():
+    space = grid_space()
+    strategy = AutoStrategy(space, seed=0)
+    wanted = {"a": 1, "b": 2, "c": 8}
+    assert strategy.enqueue(wanted)
+    assert not strategy.enqueue(wanted)  # already queued
+    assert not strategy.enqueue({"a": 99, "b": 2, "c": 8})  # not in the space
+    assert strategy.ask() == wanted
+    strategy.tell(wanted, 3.0)
+    assert not strategy.enqueue(wanted)  # known
+
+
+def test_many_asks_outstanding_spread_out():
+    space = grid_space()
+    strategy = AutoStrategy(space, seed=2)
+    for _ in range(20):
+        point = strategy.ask()
+        strategy.tell(point, bowl(point))
+    batch = [strategy.ask() for _ in range(8)]
+    keys = {tuple(p.values()) for p in batch}
+    assert len(keys) == 8
+    assert strategy.pending == keys
+
+
+def test_a_space_too_large_to_list_is_sampled_within_its_constraints():
+    space = Space.build({"a": list(range(64)), "b": list(range(64)), "c": list(range(64))}, ["a + b <= c"],
+                        where="test")
+
+    class Small(AutoStrategy):
+        enumerate_limit = 1000  # 262,144 grid points: sampled, never listed
+
+    strategy = Small(space, seed=1)
+    for _ in range(30):
+        point = strategy.ask()
+        assert space.contains(point)
+        strategy.tell(point, 1.0 + (point["c"] - point["a"] - point["b"]))
+    assert strategy.evaluations == 30
+
+
+def test_feasible_set_of_a_recorded_space_is_honoured():
+    space = grid_space()
+    allowed = frozenset(k for k in (tuple(p.values()) for p in space.points()) if k[0] % 3 == 0)
+    strategy = AutoStrategy(dataclasses.replace(space, feasible=allowed), seed=0)
+    for _ in range(40):
+        point = strategy.ask()
+        assert tuple(point.values()) in allowed
+        strategy.tell(point, bowl(point))
+
+
+def test_surrogate_learns_which_parameter_matters():
+    space = Space.build({"a": list(range(16)), "noise": list(range(16)), "mode": ["x", "y"]}, [], where="test")
+    encoder = Encoder(space)
+    rng = np.random.default_rng(0)
+    keys = [(int(rng.integers(16)), int(rng.integers(16)), "xy"[int(rng.integers(2))]) for _ in range(60)]
+    y = np.array([(k[0] - 8) ** 2 / 10.0 for k in keys])  # only ``a`` matters
+    gp = GaussianProcess(encoder)
+    gp.fit(encoder.encode(keys), y, refit=True, steps=60)
+    lengths = np.exp(gp.hyper.log_lengths)
+    assert lengths[0] < lengths[1] and lengths[0] < lengths[2], lengths
+    mu, sd = gp.predict(encoder.encode([(8, 0, "x"), (0, 0, "x")]))
+    assert mu[0] < mu[1] and (sd > 0).all()
+    ei = expected_improvement(np.array([0.0, 1.0]), np.array([0.5, 0.5]), best=0.5)
+    assert ei[0] > ei[1] > 0
+
+
+def power_of_two_space() -> Space:
+    return Space.build({"bx": list(range(16, 257, 16)), "t": [1, 2, 3, 4]}, [], where="test")
+
+
+def power_of_two_time(point) -> float:
+    """Fast at powers of two, eight times slower between them (as block sizes on some GPUs)."""
+    fast = point["bx"] & (point["bx"] - 1) == 0
+    return (1.0 if fast else 8.0) * (1.0 + 0.1 * point["t"])
+
+
+def test_value_by_value_groups_fit_what_no_smooth_rank_function_can():
+    space = Space.build({"bx": list(range(16, 257, 16)), "t": [1, 2, 3, 4], "u": [1, 2, 3, 4]}, [], where="test")
+    encoder = Encoder(space)
+    # bx, t and u by rank, then each value by value, then whether it is a power of two
+    assert len(encoder.groups) == 9 and encoder.powers_of_two == [0, 1, 2]
+    assert list(encoder.initial_log_lengths()) == [0.0] * 3 + [encoder.by_value_log_length] * 6
+
+    class RankOnly(Encoder):
+        by_value = power_of_two = 10 ** 9
+
+    def time(bx, t, u):
+        return power_of_two_time({"bx": bx, "t": t}) * (1.0 + 0.2 * abs(u - 2))
+
+    keys = [(bx, t, u) for bx in range(16, 257, 16) for t in (1, 2, 3, 4) for u in (1, 2, 3, 4)]
+    for seed in range(3):
+        order = np.random.default_rng(seed).permutation(len(keys))
+        told, held = [keys[i] for i in order[:60]], [keys[i] for i in order[60:]]
+        y, truth = np.log([time(*k) for k in told]), np.log([time(*k) for k in held])
+        errors = {}
+        for name, enc in (("by value", encoder), ("rank only", RankOnly(space))):
+            gp = GaussianProcess(enc)
+            gp.fit(enc.encode(told), y, refit=True, steps=80)
+            mu, _ = gp.predict(enc.encode(held))
+            errors[name] = float(np.abs(mu - truth).mean())
+        assert errors["by value"] < 0.5 * errors["rank only"], (seed, errors)
+
+
+def test_which_parameters_get_a_power_of_two_column():
+    assert [v for v in (0, 1, 2, 3, 48, 64, -4, True, 2.0, "8") if is_power_of_two(v)] == [1, 2, 64]
+    assert splits_by_power_of_two([16, 32, 48, 64])
+    assert splits_by_power_of_two([1, 2, 3])  # a tile size of 3 is not one of its kind
+    assert not splits_by_power_of_two([1, 2, 4, 8])  # nothing to tell apart
+    assert not splits_by_power_of_two([0, 1])  # too few values: the one-hot reading says it all
+    assert not splits_by_power_of_two([1.0, 2.0, 3.0])  # floats are not sizes
+    assert not splits_by_power_of_two(["a", "b", "c"])
+    encoder = Encoder(Space.build({"flag": [True, False], "bx": [16, 32, 48, 64], "w": [1, 2, 4]}, [], where="test"))
+    assert encoder.powers_of_two == [1]
+    assert list(encoder.encode([(True, 48, 2), (False, 64, 4)])[:, -1]) == [0.0, 1.0]
+
+
+def test_the_power_of_two_column_carries_credit_to_an_untold_power_of_two():
+    """Told every block size but 128, the GP expects 128 to be fast like 32 and 64, not slow like
+    its rank neighbours 112 and 144; without the column it cannot tell 128 from them."""
+    space = power_of_two_space()
+    keys = [(bx, t) for bx in range(16, 257, 16) for t in (1, 2, 3, 4)]
+    told = [k for k in keys if k[0] != 128]
+    y = np.log([power_of_two_time({"bx": bx, "t": t}) for bx, t in told])
+    query = [(112, 2), (128, 2), (144, 2)]
+
+    class Without(Encoder):
+        power_of_two = 10 ** 9
+
+    means = {}
+    for name, encoder in (("with", Encoder(space)), ("without", Without(space))):
+        gp = GaussianProcess(encoder)
+        gp.fit(encoder.encode(told), y, refit=True, steps=80)
+        means[name] = gp.predict(encoder.encode(query))[0]
+        assert np.allclose(gp.predict_mean(encoder.encode(query)), means[name])
+    slow, fast = math.log(8.0), 0.0
+    assert abs(means["with"][1] - fast) < abs(means["with"][1] - slow), means
+    assert means["with"][1] < min(means["with"][0], means["with"][2]) - 1.0, means
+    assert means["without"][1] > min(means["without"][0], means["without"][2]) - 1.0, means
+
+
+def test_parzen_counts_a_rough_parameter_value_by_value():
+    space = power_of_two_space()
+    parzen = ParzenRatio(space)
+    points = [{"bx": bx, "t": t} for bx in range(16, 257, 16) for t in (1, 2, 3, 4)]
+    codes = np.array([[space.params[0][1].index(p["bx"]), space.params[1][1].index(p["t"])] for p in points])
+    rough = np.log([power_of_two_time(p) for p in points])
+    parzen.scores(codes, rough, np.zeros((0, 2), dtype=int), codes)
+    assert parzen.rough_params == {0}  # bx alternates; t is a smooth trend
+    smooth = np.log([1.0 + p["bx"] / 64 + 0.1 * p["t"] for p in points])
+    parzen.scores(codes, smooth, np.zeros((0, 2), dtype=int), codes)
+    assert parzen.rough_params == frozenset()
+    # Counted value by value, the neighbours of the fast values get no share of their credit.
+    parzen.scores(codes, rough, np.zeros((0, 2), dtype=int), codes)
+    score = parzen.scores(codes, rough, np.zeros((0, 2), dtype=int), codes)
+    fast = np.array([power_of_two_time(p) < 2 for p in points])
+    assert score[fast].min() > score[~fast].max()
+
+
+def test_member_odds_follow_the_rate_of_gain_not_the_number_of_tries():
+    even = member_odds([], floor=0.15)
+    assert set(even) == set(MEMBERS) and all(abs(v - 1 / len(MEMBERS)) < 1e-12 for v in even.values())
+    # gp gained 0.3 in one point of three; local gained 0.3 too, over 20 points of nothing else.
+    gains = [("gp", 0.3), ("gp", 0.0), ("gp", 0.0)] + [("local", 0.3)] + [("local", 0.0)] * 19
+    odds = member_odds(gains, floor=0.15)
+    assert abs(sum(odds.values()) - 1) < 1e-12
+    assert odds["gp"] > odds["local"] > odds["parzen"] > 0
+    assert odds["parzen"] == min(odds.values())  # the floor keeps a member that never gained alive
+
+
+def mixed_space() -> Space:
+    """Block widths 16..256 in steps of 16 (5 of 16 powers of two), tile sizes 1..4, a flag."""
+    return Space.build({"bx": list(range(16, 257, 16)), "tile": [1, 2, 3, 4], "flag": [0, 1]}, [], where="test")
+
+
+def start_points(strategy: AutoStrategy, objective) -> list[dict]:
+    points = []
+    for _ in range(strategy.start):
+        point = strategy.ask()
+        points.append(point)
+        strategy.tell(point, objective(point))
+    return points
+
+
+def test_every_other_start_point_is_aligned():
+    space = mixed_space()  # 128 points, 30 of them aligned (bx 16..256 a power of two, tile 1, 2 or 4)
+    for seed in range(3):
+        strategy = AutoStrategy(space, seed=seed)
+        points = start_points(strategy, lambda p: 1.0 + p["bx"] / 256)
+        flags = [strategy.aligned(strategy.key(p)) for p in points]
+        assert all(flags[0::2]), (seed, points)
+        # The other half is drawn from every point: about three in four of them are not aligned.
+        assert not all(flags[1::2]), (seed, points)
+
+
+def test_unaligned_start_when_turned_off_and_the_same_start_where_nothing_mixes():
+    class Plain(AutoStrategy):
+        aligned_start = False
+
+    space = mixed_space()
+    flags = [Plain(space, seed=s) for s in range(3)]
+    drawn = [[f.aligned(f.key(p)) for p in start_points(f, lambda p: 1.0)] for f in flags]
+    assert not all(all(d[0::2]) for d in drawn)
+    # Every value of every parameter a power of two (or not a number): nothing to align, the same draws.
+    pure = Space.build({"bx": [16, 32, 64, 128], "vw": [1, 2, 4, 8], "flag": [0, 1]}, [], where="test")
+    assert start_points(AutoStrategy(pure, seed=4), bowl_free) == start_points(Plain(pure, seed=4), bowl_free)
+
+
+def bowl_free(point) -> float:
+    return 1.0 + abs(point["bx"] - 64) / 64 + abs(point["vw"] - 2)
+
+
+def test_a_space_too_large_to_list_draws_aligned_start_points_too():
+    class Small(AutoStrategy):
+        enumerate_limit = 10  # 128 grid points: sampled, never listed
+
+    strategy = Small(mixed_space(), seed=2)
+    points = start_points(strategy, lambda p: 1.0 + p["tile"])
+    assert all(strategy.aligned(strategy.key(p)) for p in points[0::2])
+    assert len({strategy.key(p) for p in points}) == len(points)
+
+
+def test_a_selector_is_not_a_size():
+    space = Space.build({"method": [0, 1, 2, 3], "bx": [32, 64, 96, 128], "tile": [1, 2, 3]}, [], where="test")
+    strategy = AutoStrategy(space, seed=0)
+    assert strategy.sizes == [1, 2]  # method 0..3 has a power-of-two column, but 0 is no size
+    assert strategy.aligned((0, 64, 2)) and strategy.aligned((3, 128, 1))
+    assert not strategy.aligned((1, 96, 1)) and not strategy.aligned((2, 64, 3))
+
+
+def test_lower_inverse_is_the_inverse_of_a_cholesky_factor():
+    from kernelforge.strategies.auto.surrogate import lower_inverse
+
+    rng = np.random.default_rng(1)
+    for n in (1, 5, 64, 65, 150, 400):  # below, at and above the block size, odd halves
+        x = rng.normal(size=(n, 6))
+        k = np.exp(-((x[:, None] - x[None]) ** 2).sum(-1) / 4) + 1e-3 * np.eye(n)
+        lower = np.linalg.cholesky(k)
+        inverse = lower_inverse(lower)
+        assert np.allclose(inverse @ lower, np.eye(n), atol=1e-8)
+        assert np.allclose(np.triu(inverse, 1), 0.0)  # lower-triangular, as the factor
