@@ -46,12 +46,12 @@ def test_the_allocator_a_candidate_set_is_reset_after_its_evaluation():
 def test_the_worker_resets_the_allocator_when_a_candidates_session_ends():
     from triton.runtime import _allocation
 
-    from kernelforge.execute.worker import serve as worker_serve
+    from kernelforge.execute.worker import protocol, serve as worker_serve
 
     triton_allocator = _allocation._allocator
     triton_allocator.set(lambda size, alignment, stream: None)
     session = worker_serve.WorkerSession(InterpretDevice(), None, lambda: None)
-    assert session.handle(("release",)) == {"kind": "released", "retire": None}
+    assert session.handle(protocol.Release()) == protocol.Released(None)
     assert _allocator() is _allocation._NULL_ALLOCATOR
 
 

@@ -6,6 +6,7 @@ wall clock; and the expected output never exists in the worker."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import subprocess
@@ -234,7 +235,7 @@ def test_what_a_candidate_changes_in_its_process_does_not_change_the_verdict(bli
 def test_requests_to_the_worker_never_carry_a_tensor_or_the_reference(blind, monkeypatch):
     """Tensors reach the worker only through shared memory (a slot: a few integers); the
     expected output is computed in this process and exists nowhere in what the worker is sent."""
-    sent: list[tuple] = []
+    sent: list = []
     process = blind._process
     original = process.send
     monkeypatch.setattr(process, "send", lambda message: (sent.append(message), original(message))[1])
@@ -243,18 +244,21 @@ def test_requests_to_the_worker_never_carry_a_tensor_or_the_reference(blind, mon
 
     def walk(value):
         assert not isinstance(value, torch.Tensor), f"a tensor in a request: {value!r}"[:200]
-        if isinstance(value, dict):
+        if dataclasses.is_dataclass(value):
+            for item in vars(value).values():
+                walk(item)
+        elif isinstance(value, dict):
             for item in value.values():
                 walk(item)
         elif isinstance(value, (list, tuple)):
             for item in value:
                 walk(item)
 
-    kinds = [message[0] for message in sent]
-    assert {"load", "call", "sync", "time", "release"} <= set(kinds)
+    kinds = [type(message).__name__ for message in sent]
+    assert {"Load", "Call", "Sync", "Time", "Release"} <= set(kinds)
     for message in sent:
         walk(message)
-        assert len(pickle.dumps(message)) < 20000, message[0]  # the candidate's source is the largest
+        assert len(pickle.dumps(message)) < 20000, message  # the candidate's source is the largest
     # The reference of every call's inputs, as fp32 bytes and in the output dtype: in no request.
     blob = b"".join(pickle.dumps(m) for m in sent)
     for seed, distribution in ((0, "normal"), (7919, "large"), (101, "normal"), (1000, "normal")):

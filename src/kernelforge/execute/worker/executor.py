@@ -55,6 +55,7 @@ from kernelforge.policy.checker import check_source
 from kernelforge.sandbox.roles import default_memory_limit, sandbox_plan
 from kernelforge.execute.timing.rounds import TimingPlan
 from kernelforge.execute.worker.process import WorkerGone, WorkerProcess
+from kernelforge.execute.worker.protocol import Init, Probe, Probed, Ready
 from kernelforge.execute.worker.runner import WorkerRunner
 from kernelforge.result import Evaluation, Status, Verification
 
@@ -93,13 +94,13 @@ def _block_root(block: Any) -> str:
     return str(folder)
 
 
-def _device_spec(device: Any) -> tuple[str, dict[str, Any]]:
-    """What the worker needs to build its own copy of ``device``: its class (by name) and the
-    constructor arguments it was built with."""
+def _init(device: Any, threads: int | None) -> Init:
+    """What the worker needs to build its own copy of ``device``: its class (by name), the
+    constructor arguments it was built with, and torch's thread count."""
     cls = type(device)
     params = inspect.signature(cls.__init__).parameters
     kwargs = {name: getattr(device, name) for name in params if name != "self" and hasattr(device, name)}
-    return f"{cls.__module__}:{cls.__qualname__}", kwargs
+    return Init(f"{cls.__module__}:{cls.__qualname__}", kwargs, threads)
 
 
 class WorkerExecutor:
@@ -133,7 +134,7 @@ class WorkerExecutor:
         if threads is None:
             threads = torch.get_num_threads()  # as many as the search itself uses (tests: 1)
         self.threads = threads
-        self._process = WorkerProcess(("init", _device_spec(device), threads), memory_limit=self.memory_limit,
+        self._process = WorkerProcess(_init(device, threads), memory_limit=self.memory_limit,
                                       extra_secrets=tuple(extra_secrets), startup_timeout=startup_timeout,
                                       shared_arena=torch.device(device.torch_device).type == "cpu")
         #: a request is in flight (an interrupted request leaves the pipes mid-conversation)
@@ -164,7 +165,7 @@ class WorkerExecutor:
         return self._process.alive
 
     @property
-    def info(self) -> dict[str, Any]:
+    def info(self) -> Ready | None:
         """What the current worker said when it was ready (pid, device, memory limit)."""
         return self._process.info
 
@@ -298,8 +299,9 @@ class WorkerExecutor:
         """What the worker sees (environment names, working directory, limits, pid): for tests.
         With ``block``, the worker is one whose sandbox can read that block's kernels folder."""
         process = self._ensure(None if block is None else _block_root(block))
-        process.send(("probe",))
-        return process.receive(process.startup_timeout, "probing").get("info", {})
+        process.send(Probe())
+        answer = process.receive(process.startup_timeout, "probing")
+        return answer.info if isinstance(answer, Probed) else {}
 
 
 class _Retired(Exception):

@@ -5,19 +5,19 @@ Started as ``python -m kernelforge.execute.worker.main FD_IN FD_OUT PARENT_PID L
 :mod:`kernelforge.sandbox.roles`: limits set before anything heavy is imported, killed with its
 parent, the OS sandbox applied after the imports and before any candidate is loaded. ``FD_ARENA``
 is the shared arena (:mod:`kernelforge.execute.worker.arena`) the trusted process places tensors in.
-It builds its own copy of the search's device, then answers requests (pickles in on ``FD_IN``;
-JSON answers out on ``FD_OUT``, never stdout, which candidate code could write to): see
-:class:`~kernelforge.execute.worker.serve.WorkerSession` for the requests, plus ``("probe",)``
-(what the worker sees, for tests) and ``("exit",)``.
+It builds its own copy of the search's device (the :class:`~kernelforge.execute.worker.protocol.Init`
+request), then answers requests (in on ``FD_IN``, out on ``FD_OUT``, never stdout, which candidate
+code could write to), all of them records of :mod:`kernelforge.execute.worker.protocol`:
+:class:`~kernelforge.execute.worker.serve.WorkerSession` answers a candidate's requests, this module
+:class:`~kernelforge.execute.worker.protocol.Probe` and :class:`~kernelforge.execute.worker.protocol.Exit`.
 
 The worker decides no verdict: it loads candidates and calls them on tensors the trusted process
 shares with it, and reports what it saw. A failure of the harness itself is answered
-``{"kind": "error"}`` and ends the worker.
+:class:`~kernelforge.execute.worker.protocol.HarnessError` and ends the worker.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
@@ -28,23 +28,19 @@ from typing import Any, Callable
 from kernelforge.sandbox.roles import apply_worker_sandbox, die_with_parent, limit_process
 
 
-def _answer(send: Connection, kind: str, **fields: Any) -> None:
-    send.send_bytes(json.dumps({"kind": kind, **fields}).encode("utf-8"))
-
-
-def _make_device(spec: tuple[str, dict[str, Any]], threads: int | None) -> Any:
+def _make_device(init: Any) -> Any:
     import importlib
 
     import torch
 
-    if threads:
-        torch.set_num_threads(int(threads))
+    if init.threads:
+        torch.set_num_threads(int(init.threads))
     # Start torch's intra-op thread pool now (it starts at the first parallel operation): the
     # trusted side counts this process's threads around every call, and a pool started inside an
     # honest candidate's call would look like a thread the candidate left running.
     torch.zeros(1 << 20).add_(1.0)
-    module_name, _, class_name = spec[0].partition(":")
-    device = getattr(importlib.import_module(module_name), class_name)(**spec[1])
+    module_name, _, class_name = init.device_class.partition(":")
+    device = getattr(importlib.import_module(module_name), class_name)(**init.device_kwargs)
     device.prepare()
     return device
 
@@ -100,41 +96,39 @@ def _probe() -> dict[str, Any]:
 
 
 def serve(receive: Connection, send: Connection, arena_fd: int = -1) -> None:
-    """Answer requests until ``exit``, the pipe's end, or a reason to retire."""
-    kind, device_spec, threads = receive.recv()
-    assert kind == "init"
+    """Answer requests until :class:`Exit`, the pipe's end, or a reason to retire."""
+    from kernelforge.execute.worker import protocol as wire
+
+    init = wire.decode_request(receive.recv_bytes())
+    assert isinstance(init, wire.Init)
     try:
         import resource
 
-        device = _make_device(device_spec, threads)
+        device = _make_device(init)
         from kernelforge.execute.worker.arena import ArenaView
-        from kernelforge.execute.worker.protocol import encode
         from kernelforge.execute.worker.serve import WorkerSession
         apply_worker_sandbox(device.sandbox_role)  # Landlock and seccomp: after the imports, before any candidate
     except BaseException as exc:
-        _answer(send, "init_error", message=f"{type(exc).__name__}: {exc}")
+        send.send_bytes(wire.encode_answer(wire.InitError(f"{type(exc).__name__}: {exc}")))
         return
-    _answer(send, "ready", info={"pid": os.getpid(), "device": device.name,
-                                 "memory_limit": resource.getrlimit(resource.RLIMIT_AS)[0]})
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    send.send_bytes(wire.encode_answer(wire.Ready(os.getpid(), device.name, limit if limit >= 0 else -1)))
     session = WorkerSession(device, ArenaView(arena_fd) if arena_fd >= 0 else None, _health_check(device))
     while True:
         try:
-            message = receive.recv()
+            request = wire.decode_request(receive.recv_bytes())
         except (EOFError, OSError):
             return
-        kind = message[0]
-        if kind == "exit":
+        if isinstance(request, wire.Exit):
             return
-        if kind == "probe":
-            _answer(send, "probe", info=_probe())
-            continue
         try:
-            answer = session.handle(message)
+            answer = wire.Probed(_probe()) if isinstance(request, wire.Probe) else session.handle(request)
         except Exception as exc:  # a bug of the harness surfaced by a candidate: reported, then a fresh worker
-            _answer(send, "error", message=f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"[:4000])
+            send.send_bytes(wire.encode_answer(wire.HarnessError(
+                f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"[:4000])))
             return
-        send.send_bytes(encode(**answer))
-        if kind == "release" and answer.get("retire"):
+        send.send_bytes(wire.encode_answer(answer))
+        if isinstance(answer, wire.Released) and answer.retire:
             return
 
 

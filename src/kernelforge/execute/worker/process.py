@@ -3,9 +3,8 @@
 The process runs :mod:`kernelforge.execute.worker.main`, started with ``subprocess`` and the
 environment of :func:`~kernelforge.sandbox.roles.scrubbed_environment`, in a temporary working
 directory of its own, in a new session (Ctrl-C in the terminal goes to the search, which then
-closes the worker). Requests are pickles and answers JSON objects
-(:mod:`kernelforge.execute.worker.protocol`: never unpickled here) over two pipes on dedicated file
-descriptors; the worker's stdout and stderr go to a log file whose tail explains a crash. On the
+closes the worker). Requests and answers are the records of :mod:`kernelforge.execute.worker.protocol`
+(answers are checked JSON, never unpickled here), over two pipes on dedicated file descriptors; the worker's stdout and stderr go to a log file whose tail explains a crash. On the
 CPU the process also inherits the descriptor of a fresh shared arena (:attr:`WorkerProcess.arena`,
 :mod:`kernelforge.execute.worker.arena`), through which the trusted process shares tensors with it.
 """
@@ -26,7 +25,8 @@ from typing import Any
 
 from kernelforge.errors import UserError
 from kernelforge.execute.worker.arena import Arena
-from kernelforge.execute.worker.protocol import MAX_MESSAGE_BYTES, WireError, decode
+from kernelforge.execute.worker.protocol import (MAX_MESSAGE_BYTES, Exit, Init, InitError, Ready, WireError,
+                                                 decode_answer, encode_request)
 from kernelforge.sandbox.roles import sandbox_environment
 
 
@@ -50,14 +50,14 @@ def signal_name(code: int | None) -> str:
 
 
 class WorkerProcess:
-    """A worker process: :meth:`start` it with ``init`` (the device spec and thread count),
-    :meth:`send` requests, :meth:`receive` answers within a time limit, :meth:`kill` it.
+    """A worker process: :meth:`start` it with ``init`` (its first request), :meth:`send`
+    requests, :meth:`receive` answers within a time limit, :meth:`kill` it.
 
     ``memory_limit`` is the address-space limit in bytes (None: none); ``extra_secrets`` names
     more environment variables to withhold.
     """
 
-    def __init__(self, init: tuple, *, memory_limit: int | None, extra_secrets: tuple[str, ...],
+    def __init__(self, init: Init, *, memory_limit: int | None, extra_secrets: tuple[str, ...],
                  startup_timeout: float, shared_arena: bool = True):
         self.init = init
         self.shared_arena = shared_arena
@@ -75,7 +75,7 @@ class WorkerProcess:
         self._log: Path | None = None
         self._log_offset = 0
         #: what the worker said when it was ready (pid, device, memory limit)
-        self.info: dict[str, Any] = {}
+        self.info: Ready | None = None
 
     @property
     def pid(self) -> int | None:
@@ -118,21 +118,22 @@ class WorkerProcess:
         self._recv = Connection(to_parent_r, writable=False)
         self._log_offset = 0
         try:
-            self._send.send(self.init)
+            self._send.send_bytes(encode_request(self.init))
             answer = self.receive(self.startup_timeout, "starting")
         except WorkerGone as exc:
             raise UserError(f"the evaluation worker could not start: {exc}; run the search with --in-process to "
                             "see the error in this process") from None
-        if answer["kind"] != "ready" or not isinstance(answer.get("info"), dict):
+        if not isinstance(answer, Ready):
             self.kill()
-            raise UserError(f"the evaluation worker could not start: {str(answer.get('message'))[:2000]}")
-        self.info = answer["info"]
+            why = answer.message if isinstance(answer, InitError) else f"it answered {type(answer).__name__}"
+            raise UserError(f"the evaluation worker could not start: {why}")
+        self.info = answer
 
-    def send(self, message: tuple) -> None:
-        """Send one request; the log tail of a later crash starts here."""
+    def send(self, request: Any) -> None:
+        """Send one request (a record of the protocol); the log tail of a later crash starts here."""
         assert self._send is not None and self._log is not None
         self._log_offset = self._log.stat().st_size
-        self._send.send(message)
+        self._send.send_bytes(encode_request(request))
 
     def kill(self) -> None:
         """Kill the worker's process group and forget it (its log is read before this)."""
@@ -168,7 +169,7 @@ class WorkerProcess:
         """Stop the worker (with ``polite``, by asking first), then for sure; remove its directory."""
         if polite and self.alive and self._send is not None:
             try:
-                self._send.send(("exit",))
+                self.send(Exit())
                 self._proc.wait(timeout=5)
             except (OSError, subprocess.TimeoutExpired, ValueError):
                 pass
@@ -191,9 +192,9 @@ class WorkerProcess:
         fatal = [line for line in lines if line.startswith(("Fatal Python error", "MemoryError", "RuntimeError"))]
         return (fatal[-1] if fatal else (lines[-1] if lines else ""))[:300]
 
-    def receive(self, timeout: float, step: str, limit: float | None = None) -> dict[str, Any]:
-        """The worker's next answer (a JSON object with a ``kind``, its fields still to be
-        checked), or :class:`WorkerGone` after killing it. ``limit`` is the step's whole time
+    def receive(self, timeout: float, step: str, limit: float | None = None) -> Any:
+        """The worker's next answer (a record of the protocol, rebuilt from checked fields), or
+        :class:`WorkerGone` after killing it. ``limit`` is the step's whole time
         limit, for the message when it runs out (default ``timeout``)."""
         assert self._recv is not None and self._proc is not None
         deadline = time.monotonic() + timeout
@@ -219,7 +220,7 @@ class WorkerProcess:
                         raise WorkerGone("runtime_error", f"unreadable answer from the worker while {step}") from None
                 if data is not None:
                     try:
-                        return decode(data)
+                        return decode_answer(data)
                     except WireError as exc:
                         self.kill()
                         raise WorkerGone("runtime_error", f"unreadable answer from the worker while {step}: "

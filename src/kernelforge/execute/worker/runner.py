@@ -5,17 +5,7 @@
 worker shares (:class:`~kernelforge.execute.worker.arena.Arena` on the CPU; device memory opened through
 CUDA IPC on a GPU, :mod:`kernelforge.execute.worker.cuda_share`, untested in this session), and each
 request names them by slot, so a call is one small message each way and no tensor ever travels
-through a pipe. The requests (pickles; answers are checked JSON, :mod:`kernelforge.execute.worker.protocol`):
-
-- ``("load", source, name_hint)`` -> ``loaded``: a handle for its ``run``, or the compile error;
-- ``("call", handle, args, watched, arena_bytes)`` -> ``returned``: one call and the worker's
-  :class:`~kernelforge.execute.judge.guard.CallReport`; ``("sync",)`` -> ``synced``: after a full device
-  synchronisation. The trusted side reads the outputs between the two;
-- ``("time", handle, sets, outputs, inplace, reset, verified, aside, inplace_before, bytes,
-  method, unwritten, arena_bytes)`` -> ``timed``: one timing round
-  (:mod:`kernelforge.execute.timing.calls`);
-- ``("tampering",)`` -> the harness functions replaced since the session began;
-- ``("release",)`` -> ``released``: the session ends; why the worker must retire, if it must.
+through a pipe. The requests and answers are the records of :mod:`kernelforge.execute.worker.protocol`.
 
 Every answer is awaited within the current step's time limit (:meth:`WorkerRunner.step`); a worker
 that runs over, dies or answers out of protocol is killed and raises
@@ -32,12 +22,11 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from kernelforge.devices.base import Device
-from kernelforge.execute.timing.cputime import cpu_seconds
 from kernelforge.execute.judge.guard import CallReport
 from kernelforge.execute.timing.calls import TimingAnswer, TimingJob
-from kernelforge.execute.worker.protocol import WireError, integer, names, report_from, timing_from, verification_from
+from kernelforge.execute.timing.cputime import cpu_seconds
+from kernelforge.execute.worker import protocol as wire
 from kernelforge.execute.worker.process import WorkerGone, WorkerProcess
-from kernelforge.execute.worker.serve import TENSOR, VALUE
 from kernelforge.result import Status, Verification
 
 
@@ -84,27 +73,21 @@ class WorkerRunner:
         self._deadline = time.monotonic() + limit
         self.memory.reset()
 
-    def _ask(self, request: tuple, answer: str) -> dict[str, Any]:
+    def _ask(self, request: Any, answer: type) -> Any:
+        """Send ``request`` and return its answer, a record of type ``answer`` (anything else kills
+        the worker)."""
         self.process.send(request)
         message = self.process.receive(max(self._deadline - time.monotonic(), 1e-3), self._label, limit=self._limit)
-        if message["kind"] == "error":
+        if isinstance(message, wire.HarnessError):
             self.process.kill()
-            raise WorkerGone("runtime_error", f"harness error in the worker: {str(message.get('message'))[:1800]}")
-        if message["kind"] != answer:
+            raise WorkerGone("runtime_error", f"harness error in the worker: {message.message[:1800]}")
+        if not isinstance(message, answer):
             self.process.kill()
-            raise WorkerGone("runtime_error", f"the worker answered {str(message['kind'])[:40]!r} to a request for "
-                                              f"{answer!r} while {self._label}")
+            raise WorkerGone("runtime_error", f"the worker answered {type(message).__name__} to "
+                                              f"{type(request).__name__} while {self._label}")
         return message
 
-    def _checked(self, parse: Any, value: Any) -> Any:
-        try:
-            return parse(value)
-        except WireError as exc:
-            self.process.kill()
-            raise WorkerGone("runtime_error", f"unreadable answer from the worker while {self._label}: {exc}") from None
-
-    def _report(self, value: Any) -> CallReport:
-        report = self._checked(report_from, value)
+    def _report(self, report: CallReport) -> CallReport:
         fatal = self.device.fatal_errors
         if not report.ok and fatal is not None and fatal.search(report.message):
             self.retire = f"{self.device.name} error: " + report.message[:200]
@@ -123,8 +106,12 @@ class WorkerRunner:
     def _slot(self, tensor: torch.Tensor) -> Any:
         return self.memory.slot(tensor)
 
-    def _wire(self, args: Mapping[str, Any]) -> dict[str, tuple[str, Any]]:
-        return {name: (TENSOR, self._slot(v)) if isinstance(v, torch.Tensor) else (VALUE, v) for name, v in args.items()}
+    def _wire(self, args: Mapping[str, Any]) -> dict[str, wire.Argument]:
+        return {name: wire.Argument(slot=self._slot(v), is_tensor=True) if isinstance(v, torch.Tensor)
+                else wire.Argument(value=v) for name, v in args.items()}
+
+    def _slots(self, buffers: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+        return {name: self._slot(tensor) for name, tensor in buffers.items()}
 
     def _arena_bytes(self) -> int:
         return getattr(self.memory, "size", 0)
@@ -139,9 +126,8 @@ class WorkerRunner:
     def load(self, source: str, name_hint: str, watch: Sequence[tuple[str, Any, str]] = ()) -> tuple[int | None, Verification | None]:
         """Import ``source`` in the worker (``watch`` names objects of this process: unused here)."""
         tasks = self._tasks()
-        message = self._ask(("load", source, name_hint), "loaded")
-        failure = self._checked(verification_from, message.get("failure"))
-        handle = self._checked(lambda v: integer(v, optional=True), message.get("handle"))
+        message = self._ask(wire.Load(source, name_hint), wire.Loaded)
+        failure, handle = message.failure, message.handle
         after = self._tasks()
         if failure is None and tasks is not None and after is not None and after > tasks:
             failure = Verification(Status.REJECTED, message="the candidate started a thread when imported (seen from "
@@ -159,8 +145,8 @@ class WorkerRunner:
     def call(self, handle: int, args: Mapping[str, Any], watched: Sequence[str]) -> CallReport:
         self._prepare()
         tasks = self._tasks()
-        message = self._ask(("call", handle, self._wire(args), tuple(watched), self._arena_bytes()), "returned")
-        report = self._report(message.get("report"))
+        message = self._ask(wire.Call(handle, self._wire(args), tuple(watched), self._arena_bytes()), wire.Returned)
+        report = self._report(message.report)
         after = self._tasks()
         if report.ok and tasks is not None and after is not None and after > tasks:
             return CallReport(Status.REJECTED, "the candidate left background threads running (seen from outside "
@@ -168,39 +154,30 @@ class WorkerRunner:
         return report
 
     def sync(self) -> CallReport:
-        return self._report(self._ask(("sync",), "synced").get("report"))
+        return self._report(self._ask(wire.Sync(), wire.Synced).report)
 
     def time(self, handle: int, job: TimingJob) -> TimingAnswer:
         self._prepare()
-        request = ("time", handle, tuple(self._wire(args) for args in job.sets), job.outputs, job.inplace, job.reset,
-                   tuple(job.verified), tuple({n: self._slot(t) for n, t in buffers.items()} for buffers in job.aside),
-                   tuple({n: self._slot(t) for n, t in buffers.items()} for buffers in job.inplace_before),
-                   job.working_set_bytes, job.method,
-                   None if job.unwritten is None else self._slot(job.unwritten), self._arena_bytes())
-        message = self._ask(request, "timed")
-        report = self._report(message.get("report"))
-        timing = self._checked(timing_from, message.get("timing"))
-        prepared = self._checked(integer, message.get("prepared"))
-        copied = self._checked(lambda v: _copied_sets(v, len(job.verified)), message.get("copied_sets"))
-        return TimingAnswer(timing, report, prepared, copied)
+        request = wire.Time(handle, tuple(self._wire(args) for args in job.sets), job.outputs, job.inplace, job.reset,
+                            tuple(job.verified), tuple(self._slots(b) for b in job.aside),
+                            tuple(self._slots(b) for b in job.inplace_before), job.working_set_bytes, job.method,
+                            None if job.unwritten is None else self._slot(job.unwritten), self._arena_bytes())
+        message = self._ask(request, wire.Timed)
+        if len(message.copied_sets) != len(job.verified):
+            self.process.kill()
+            raise WorkerGone("runtime_error", f"the worker answered {len(message.copied_sets)} copied sets for "
+                                              f"{len(job.verified)} verified calls while {self._label}")
+        return TimingAnswer(message.timing, self._report(message.report), message.prepared, message.copied_sets)
 
     def tampering(self) -> list[str]:
-        return self._checked(names, self._ask(("tampering",), "tampering").get("changed"))
+        return list(self._ask(wire.Tampering(), wire.Tampered).changed)
 
     def release(self) -> str | None:
         """End the session; the reason the worker must retire (a CUDA error seen here first)."""
-        message = self._ask(("release",), "released")
-        reason = self._checked(lambda v: None if v is None else str(v)[:300], message.get("retire"))
-        return self.retire or reason
+        return self.retire or self._ask(wire.Release(), wire.Released).retire
 
     def cpu_seconds(self) -> float | None:
         """The CPU time of the worker's calling thread, read from ``/proc`` here (the worker
         cannot change it)."""
         return None if self.process.pid is None else cpu_seconds(self.process.pid)
 
-
-def _copied_sets(value: Any, count: int) -> tuple[int | None, ...]:
-    """The ``copied_sets`` field of a ``timed`` answer: one optional integer per verified call."""
-    if not isinstance(value, list) or len(value) != count:
-        raise WireError(f"expected {count} copied sets, got {value!r}"[:200])
-    return tuple(integer(v, optional=True) for v in value)

@@ -1,11 +1,12 @@
 """The worker's side of a candidate session: load it, call it, time it, on shared tensors.
 
 :class:`WorkerSession` answers the requests of :class:`kernelforge.execute.worker.runner.WorkerRunner`
-(see there for the protocol). It holds the candidate's modules and builds the tensors of each
-request over the memory the trusted process shares with it (:class:`~kernelforge.execute.worker.arena.ArenaView`
-on the CPU, CUDA IPC on a GPU). It never sees a reference, an expected output or a tolerance, and
-it decides nothing: its checks (:func:`~kernelforge.execute.judge.guard.run_call`) are reported, and the
-trusted side makes the verdict from the bytes the candidate wrote.
+(the requests and answers: :mod:`kernelforge.execute.worker.protocol`). It holds the candidate's
+modules and builds the tensors of each request over the memory the trusted process shares with it
+(:class:`~kernelforge.execute.worker.arena.ArenaView` on the CPU, CUDA IPC on a GPU). It never sees
+a reference, an expected output or a tolerance, and it decides nothing: its checks
+(:func:`~kernelforge.execute.judge.guard.run_call`) are reported, and the trusted side makes the
+verdict from the bytes the candidate wrote.
 """
 
 from __future__ import annotations
@@ -22,12 +23,8 @@ from kernelforge.execute.judge.guard import CallReport, raised, run_call, settle
 from kernelforge.execute.judge.harness import harness_changes, harness_snapshot, reset_candidate_state
 from kernelforge.execute.runner import load_candidate
 from kernelforge.execute.timing.calls import TimingJob, run_timed
-from kernelforge.execute.worker.protocol import report_to, timing_to, verification_to
+from kernelforge.execute.worker import protocol as wire
 from kernelforge.result import Status, Verification
-
-#: How a request names one argument: a shared tensor by its slot, or a plain value.
-TENSOR, VALUE = "t", "v"
-
 
 class WorkerSession:
     """The requests of one worker (see the module docstring). ``healthy()`` says why the worker
@@ -52,35 +49,36 @@ class WorkerSession:
             raise RuntimeError("this worker has no shared arena")
         return self.arena.tensor(slot)
 
-    def arguments(self, wire: dict[str, tuple[str, Any]]) -> dict[str, Any]:
-        return {name: self.tensor(value) if kind == TENSOR else value for name, (kind, value) in wire.items()}
+    def arguments(self, args: dict[str, wire.Argument]) -> dict[str, Any]:
+        return {name: self.tensor(arg.slot) if arg.is_tensor else arg.value for name, arg in args.items()}
+
+    def buffers(self, slots: dict[str, Any]) -> dict[str, torch.Tensor]:
+        return {name: self.tensor(slot) for name, slot in slots.items()}
 
     # -- requests -------------------------------------------------------------------------------
 
-    def handle(self, message: tuple) -> dict[str, Any]:
-        """The answer (a JSON-able dict with ``kind``) to one request."""
-        kind = message[0]
-        if len(message) > 1 and kind in ("call", "time") and self.arena is not None:
-            self.arena.ensure(message[-1])
-        if kind == "load":
-            return self.load(*message[1:])
-        if kind == "call":
-            _, handle, wire, watched, _size = message
-            return {"kind": "returned", "report": report_to(self.call(handle, self.arguments(wire), watched))}
-        if kind == "sync":
-            return {"kind": "synced", "report": report_to(settle(self.torch_device))}
-        if kind == "time":
-            return self.time(*message[1:-1])
-        if kind == "tampering":
-            return {"kind": "tampering", "changed": harness_changes(self.snapshot) if self.snapshot else []}
-        if kind == "release":
+    def handle(self, request: Any) -> Any:
+        """The answer (a record of :mod:`kernelforge.execute.worker.protocol`) to one request."""
+        if isinstance(request, (wire.Call, wire.Time)) and self.arena is not None:
+            self.arena.ensure(request.arena_bytes)
+        if isinstance(request, wire.Load):
+            return self.load(request.source, request.name_hint)
+        if isinstance(request, wire.Call):
+            return wire.Returned(self.call(request.handle, self.arguments(request.args), request.watched))
+        if isinstance(request, wire.Sync):
+            return wire.Synced(settle(self.torch_device))
+        if isinstance(request, wire.Time):
+            return self.time(request)
+        if isinstance(request, wire.Tampering):
+            return wire.Tampered(tuple(harness_changes(self.snapshot)) if self.snapshot else ())
+        if isinstance(request, wire.Release):
             self.runs.clear()
             reset_candidate_state()  # the next candidate starts from Triton's defaults
             self.snapshot = None
-            return {"kind": "released", "retire": self.healthy()}
-        raise ValueError(f"unknown request {kind!r}")
+            return wire.Released(self.healthy())
+        raise ValueError(f"no session request: {type(request).__name__}")
 
-    def load(self, source: str, name_hint: str) -> dict[str, Any]:
+    def load(self, source: str, name_hint: str) -> Any:
         if self.snapshot is None:
             self.snapshot = harness_snapshot()
         threads = threading.active_count()
@@ -88,9 +86,9 @@ class WorkerSession:
         if failure is None and threading.active_count() > threads:
             failure = Verification(Status.REJECTED, message="the candidate started a thread when imported")
         if failure is not None:
-            return {"kind": "loaded", "handle": None, "failure": verification_to(failure)}
+            return wire.Loaded(None, failure)
         self.runs.append(module.run)
-        return {"kind": "loaded", "handle": len(self.runs) - 1, "failure": None}
+        return wire.Loaded(len(self.runs) - 1, None)
 
     def call(self, handle: int, args: dict[str, Any], watched: tuple[str, ...]) -> CallReport:
         poison_free_memory(self.torch_device, [args[n].numel() * args[n].element_size() for n in watched])
@@ -105,21 +103,17 @@ class WorkerSession:
                 return CallReport.of(raised(exc))
         return report
 
-    def time(self, handle: int, sets: tuple, outputs: tuple[str, ...], inplace: tuple[str, ...], reset: bool,
-             verified: tuple, aside: tuple, before: tuple, working_set_bytes: int, method: str | None = None,
-             unwritten: Any = None) -> dict[str, Any]:
-        job = TimingJob(tuple(self.arguments(wire) for wire in sets), tuple(outputs), tuple(inplace), bool(reset),
-                        tuple(int(i) for i in verified),
-                        tuple({name: self.tensor(slot) for name, slot in buffers.items()} for buffers in aside),
-                        tuple({name: self.tensor(slot) for name, slot in buffers.items()} for buffers in before),
-                        int(working_set_bytes), None if method is None else str(method),
-                        None if unwritten is None else self.tensor(unwritten))
-        answer = run_timed(self.runs[handle], self.device, job)
+    def time(self, request: Any) -> Any:
+        job = TimingJob(tuple(self.arguments(wire_set) for wire_set in request.sets), tuple(request.outputs),
+                        tuple(request.inplace), bool(request.reset), tuple(int(i) for i in request.verified),
+                        tuple(self.buffers(slots) for slots in request.aside),
+                        tuple(self.buffers(slots) for slots in request.inplace_before),
+                        int(request.working_set_bytes), None if request.method is None else str(request.method),
+                        None if request.unwritten is None else self.tensor(request.unwritten))
+        answer = run_timed(self.runs[request.handle], self.device, job)
         if answer.report.ok:
             try:
                 self.device.synchronize()  # the aside copies are read by the trusted side next
             except Exception as exc:
-                return {"kind": "timed", "timing": None, "report": report_to(CallReport.of(raised(exc))),
-                        "prepared": answer.prepared, "copied_sets": [None] * len(job.verified)}
-        return {"kind": "timed", "timing": timing_to(answer.timing), "report": report_to(answer.report),
-                "prepared": answer.prepared, "copied_sets": list(answer.copied_sets)}
+                return wire.Timed(None, CallReport.of(raised(exc)), answer.prepared, (None,) * len(job.verified))
+        return wire.Timed(answer.timing, answer.report, answer.prepared, tuple(answer.copied_sets))
