@@ -202,3 +202,28 @@ def test_every_package_states_its_public_face(init):
     for name in names:
         assert (init.parent / f"{name}.py").exists() or (init.parent / name / "__init__.py").exists() \
             or name in defined, f"{init}: __all__ names {name}, which is not there"
+
+
+def _hand_cuts(tree: ast.AST) -> list[int]:
+    """Lines that shorten text with a literal bound of 100 or more (``message[:2000]``)."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Slice):
+            bound = node.slice.upper if node.slice.lower is None else node.slice.lower
+            if isinstance(bound, ast.UnaryOp) and isinstance(bound.op, ast.USub):
+                bound = bound.operand
+            if isinstance(bound, ast.Constant) and isinstance(bound.value, int) and bound.value >= 100:
+                lines.append(node.lineno)
+    return lines
+
+
+def test_messages_are_cut_in_one_place():
+    """Issue 30: text is shortened by :func:`kernelforge.textsafe.cut` to one of its named limits,
+    never by a hand-written ``[:2000]`` (or ``[:500]``, ``[:300]``...) at each site."""
+    found = [f"{name}:{line}" for name, path in _modules().items() if name != "kernelforge.textsafe"
+             for line in _hand_cuts(ast.parse(path.read_text()))]
+    assert not found, "cut with kernelforge.textsafe.cut instead: " + ", ".join(found)
+
+
+def test_the_cut_finder_sees_a_hand_cut():
+    assert _hand_cuts(ast.parse("m = f'{x}'[:2000]\nt = tb[-20000:]\nok = xs[:10]")) == [1, 2]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Iterable
 
-from kernelforge.textsafe import printable
+from kernelforge.textsafe import MESSAGE, TRACEBACK, cut, printable
 
 if TYPE_CHECKING:
     from kernelforge.block import Counts, Shape
@@ -56,8 +56,8 @@ class Verification:
     def __post_init__(self) -> None:
         # A candidate writes much of this text (its exceptions, its output): no terminal escapes
         # or control characters reach a terminal or the database (kernelforge.textsafe).
-        object.__setattr__(self, "message", printable(str(self.message)))
-        object.__setattr__(self, "traceback", printable(str(self.traceback)))
+        object.__setattr__(self, "message", cut(printable(str(self.message)), MESSAGE))
+        object.__setattr__(self, "traceback", cut(printable(str(self.traceback)), TRACEBACK))
 
     @property
     def ok(self) -> bool:

@@ -1,4 +1,5 @@
-"""Text a candidate produced, made safe to print and store: no control characters.
+"""Text a candidate produced, made safe to print and store: no control characters, and no text
+longer than its kind allows (:func:`cut`, the one place messages are shortened).
 
 A candidate controls the text of its exceptions, its compile errors and what it prints, and that
 text reaches the terminal (``kernelforge check``), the database and the reports. Raw ANSI escapes
@@ -30,3 +31,29 @@ def printable(text: str) -> str:
 def has_control(text: str) -> bool:
     """Whether ``text`` holds a character :func:`printable` removes (other than ``\\r\\n``)."""
     return printable(text) != text.replace("\r\n", "\n")
+
+
+#: How long each kind of text may be once it is stored, printed or sent (characters). A verdict's
+#: message, a note, one line, a short detail (an exception inside a message), a traceback.
+MESSAGE = 2000
+NOTE = 500
+LINE = 300
+DETAIL = 200
+TRACEBACK = 20000
+
+
+def cut(text: object, limit: int = MESSAGE) -> str:
+    """``text`` as a string of at most ``limit`` characters (its end dropped). Every message of
+    kernelforge is shortened here, to one of the limits above, so the same kind of text is the same
+    length wherever it is shown."""
+    return str(text)[:limit]
+
+
+def tail(text: object, limit: int = TRACEBACK) -> str:
+    """The last ``limit`` characters of ``text`` (a traceback: its end says where it failed)."""
+    return str(text)[-limit:]
+
+
+def error_text(exc: BaseException, limit: int = NOTE) -> str:
+    """``"TypeName: message"`` of an exception, cut to ``limit``."""
+    return cut(f"{type(exc).__name__}: {exc}", limit)

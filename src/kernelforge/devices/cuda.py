@@ -36,6 +36,7 @@ from kernelforge.devices.base import Before, Call, Device, MethodUnavailable, li
 from kernelforge.devices.nvml import Nvml, energy_per_call
 from kernelforge.errors import UserError
 from kernelforge.result import Timing
+from kernelforge.textsafe import DETAIL, cut
 
 #: Calls shorter than this on the GPU are timed as CUDA-graph replays: launch overhead (about 5 us
 #: per kernel) would otherwise dominate an event pair (EVALUATION.md).
@@ -166,7 +167,7 @@ class CudaDevice(Device):
             except RuntimeError as exc:
                 if method is not None:
                     raise MethodUnavailable(
-                        f"CUDA-graph capture failed ({str(exc)[:200]}); this shape's baseline was timed with "
+                        f"CUDA-graph capture failed ({cut(exc, DETAIL)}); this shape's baseline was timed with "
                         "CUDA graphs and a timing by events would not be comparable with it") from exc
                 # The shape's own first timing cannot be captured (e.g. host synchronisation in
                 # the call): events for it, and so for every candidate on the shape.

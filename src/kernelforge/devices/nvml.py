@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from kernelforge.textsafe import DETAIL, error_text
+
 #: What a timing says when NVML gave no energy (the install hint for a missing package).
 MISSING_PACKAGE = "no energy: nvidia-ml-py is not installed (pip install 'kernelforge[gpu]')"
 
@@ -45,7 +47,7 @@ class Nvml:
             self.handle = self.nvml.nvmlDeviceGetHandleByIndex(index)
         except Exception as exc:  # no NVML in the driver, or no such GPU
             self.handle = None
-            self.status = f"no energy: NVML did not start ({type(exc).__name__}: {str(exc)[:120]})"
+            self.status = f"no energy: NVML did not start ({error_text(exc, DETAIL)})"
             return
         if self.energy_j() is None:
             self.status = "no energy: NVML's energy counter is not readable on this GPU"

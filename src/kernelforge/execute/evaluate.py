@@ -129,7 +129,7 @@ def evaluate(
         if bad is not None:
             return fail_all(bad)
         if not verdict.ok:
-            return fail_all(dataclasses.replace(verdict, message=f"{HELD_OUT_FLAG} {verdict.message}"[:2000]))
+            return fail_all(dataclasses.replace(verdict, message=f"{HELD_OUT_FLAG} {verdict.message}"))
     for index, shape in enumerate(shapes):
         step(shape.name)
         verdict = verify_shape(block, entry, shape, dtype, device.torch_device, seed=index)
@@ -201,7 +201,7 @@ def _time_and_recheck(block: Block, entry: Entry, shape: Shape, dtype: torch.dty
                     f"{ceilings.name} datasheet roofline of {roofline * 1e6:.2f} us")
             if not third.ok:
                 return Verification(third.status, third.rel_error, third.excess, checks + 1,
-                                    f"{note}; re-verification failed: {third.message}"[:2000],
+                                    f"{note}; re-verification failed: {third.message}",
                                     traceback=third.traceback), None
             return Verification(Status.OK, verdict.rel_error, verdict.excess, checks + 1,
                                 f"{note}; re-verified on perturbed inputs: the timing is suspect"), timing

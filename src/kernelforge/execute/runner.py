@@ -28,10 +28,11 @@ from kernelforge.candidate import load_module
 from kernelforge.devices.base import Device
 from kernelforge.execute.timing.cputime import this_thread_cpu_seconds
 from kernelforge.execute.judge.fingerprint import poison_free_memory
-from kernelforge.execute.judge.guard import TRACEBACK_CHARS, CallReport, RunFn, run_call, settle
+from kernelforge.execute.judge.guard import CallReport, RunFn, run_call, settle
 from kernelforge.execute.judge.harness import harness_changes, harness_snapshot, reset_candidate_state
 from kernelforge.execute.timing.calls import TimingAnswer, TimingJob, run_timed
 from kernelforge.result import Status, Verification
+from kernelforge.textsafe import tail
 
 
 def load_candidate(source: str, name_hint: str = "candidate") -> tuple[Any, Verification | None]:
@@ -40,8 +41,8 @@ def load_candidate(source: str, name_hint: str = "candidate") -> tuple[Any, Veri
     try:
         module = load_module(source, name_hint)
     except Exception as exc:  # candidate code is untrusted input: any failure is data
-        return None, Verification(Status.COMPILE_ERROR, message=f"import failed: {type(exc).__name__}: {exc}"[:2000],
-                                  traceback=traceback.format_exc()[-TRACEBACK_CHARS:])
+        return None, Verification(Status.COMPILE_ERROR, message=f"import failed: {type(exc).__name__}: {exc}",
+                                  traceback=tail(traceback.format_exc()))
     if not callable(getattr(module, "run", None)):
         return None, Verification(Status.COMPILE_ERROR, message="the module defines no run(...) entry point")
     return module, None

@@ -27,6 +27,7 @@ from kernelforge.llm.endpoints import EndpointUnusable, make_clients
 from kernelforge.llm.parse import fenced_blocks
 from kernelforge.llm.prompts import block_facts, device_facts
 from kernelforge.redact import redact_url
+from kernelforge.textsafe import NOTE, cut, error_text
 
 if TYPE_CHECKING:
     from kernelforge.block import Block, Shape
@@ -191,7 +192,7 @@ class PointAdvisor:
         try:
             exchange = client.complete(messages)
         except Exception as exc:  # a bug in a client: no advice, the search goes on
-            return Advice(error=f"{type(exc).__name__}: {exc}"[:500])
+            return Advice(error=error_text(exc))
         finally:
             if self._client is None:
                 client.close()
@@ -217,7 +218,7 @@ class PointAdvisor:
         if not exchange.ok:
             final = exchange.final
             why = (final.error if final else None) or exchange.fatal or "no answer"
-            return Advice(tokens=exchange.tokens, error=f"{final.status if final else 'error'}: {why}"[:500])
+            return Advice(tokens=exchange.tokens, error=cut(f"{final.status if final else 'error'}: {why}", NOTE))
         proposed = parse_points(exchange.text)
         if proposed is None:
             return Advice(tokens=exchange.tokens, error="the answer holds no JSON list of points")
@@ -323,4 +324,4 @@ def _summary(advice: Advice) -> str:
                                  for p, why in advice.invalid[:5])
     if advice.error:
         text += f" ({advice.error})"
-    return re.sub(r"\s+", " ", text)[:1000]
+    return cut(re.sub(r"\s+", " ", text), 2 * NOTE)

@@ -18,6 +18,7 @@ from kernelforge.llm.context import REPAIRABLE, PromptContext
 from kernelforge.llm.parse import Parsed, parse_answer
 from kernelforge.redact import redact_url
 from kernelforge.search.proposer import Outcome, Proposal, ProposalKind
+from kernelforge.textsafe import LINE, cut
 
 if TYPE_CHECKING:
     from kernelforge.template import Template
@@ -119,7 +120,7 @@ class BaseGenerator:
             self.store.set_llm_outcome(proposal.row_id, kind, message, template_id=template_id,
                                        candidate_id=candidate_id)
         self.progress.event("llm_result", block=proposal.block_id, seq=proposal.seq, outcome=kind,
-                            template=template_id, candidate=candidate_id, message=message[:300])
+                            template=template_id, candidate=candidate_id, message=cut(message, LINE))
         if kind in REPAIRABLE:
             self._repair(proposal, kind, message, template_id, candidate_id, point)
 
@@ -196,7 +197,7 @@ class BaseGenerator:
                             latency_s=round(sum(a.latency_s for a in exchange.attempts), 3),
                             template=parsed.template.id if parsed and parsed.template else None,
                             edit=bool(parsed and parsed.edit),
-                            message=message[:300] if settled_now else "")
+                            message=cut(message, LINE) if settled_now else "")
         if settled_now:
             self.kinds[kind] += 1
             if kind in REPAIRABLE:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from kernelforge.redact import redact, redact_data, register
+from kernelforge.textsafe import NOTE, cut
 
 #: Kinds of a failed attempt, and whether the generator retries it.
 RETRYABLE = {"request_timeout", "rate_limited", "server_error", "unreachable", "bad_response"}
@@ -232,7 +233,7 @@ class OpenAIChatClient(ChatClient):
 
         def failed(status: str, error: str, http_status: int | None = None, wait: float | None = None) -> Attempt:
             return Attempt(number, status, time.monotonic() - start, http_status=http_status,
-                           error=redact(error)[:2000], retry_after_s=wait)
+                           error=cut(redact(error)), retry_after_s=wait)
 
         try:
             # Every field but the model travels as extra_body: the package's keyword arguments do
@@ -311,5 +312,5 @@ def _body(exc: Any) -> str:
         if isinstance(message, dict):
             message = message.get("message")
         if message:
-            return redact(str(message))[:500]  # masked before it is cut: no piece of a key survives
-    return redact(str(getattr(exc, "message", exc)))[:500]
+            return cut(redact(str(message)), NOTE)  # masked before it is cut: no piece of a key survives
+    return cut(redact(str(getattr(exc, "message", exc))), NOTE)

@@ -32,6 +32,7 @@ from kernelforge.llm.prompts import capped_answer, dims, estimate_tokens, first_
 from kernelforge.llm.workers import RequestThreads
 from kernelforge.search.gate import PolicyUnavailable, require_policy
 from kernelforge.search.proposer import Outcome
+from kernelforge.textsafe import error_text
 
 #: Consecutive requests that got no answer at all before the generator gives up.
 MAX_FAILED_REQUESTS = 3
@@ -222,7 +223,7 @@ class LLMGenerator(BaseGenerator):
             except Exception as exc:  # a bug in the client: this request is lost, the search is not
                 client = self._clients[request.model or 0]
                 exchange = Exchange(request.messages, {"model": client.model},
-                                    [Attempt(0, "error", 0.0, error=f"{type(exc).__name__}: {exc}"[:500])],
+                                    [Attempt(0, "error", 0.0, error=error_text(exc))],
                                     base_url=client.base_url)
             proposal = self._take_in(request.block_id, request.purpose, request.parent, request.depth, exchange,
                                      messages=request.messages, parent_text=request.parent_text,

@@ -9,6 +9,7 @@ import re
 
 from kernelforge.report.format import fmt_speedup, fmt_time
 from kernelforge.report.llm_section import LLMLineageNode, LLMSection, ShownText, outcomes_text
+from kernelforge.textsafe import LINE, cut
 
 
 def fmt_cost(value: float | None) -> str:
@@ -77,7 +78,7 @@ def _tree_lines(node: LLMLineageNode, depth: int) -> list[str]:
 
 def _one_line(text: str) -> str:
     text = " ".join(text.split())
-    return text if len(text) <= 300 else text[:300] + "..."
+    return text if len(text) <= LINE else cut(text, LINE) + "..."
 
 
 def _details(title: str, text: ShownText) -> list[str]:

@@ -35,6 +35,7 @@ from kernelforge.execute.evaluate import evaluate
 from kernelforge.execute.trusted_runner import TrustedRunner
 from kernelforge.library import LIBRARY_FILE, ORIGIN, library_key
 from kernelforge.result import Evaluation, StoredResult
+from kernelforge.textsafe import error_text
 
 if TYPE_CHECKING:
     from kernelforge.catalog import Catalog
@@ -180,7 +181,7 @@ def measure_library_for_run(run: "RunContext", plans: Mapping[str, "TimingPlan"]
                                 env_key=run.env_key, job=run.job.name, plan=(plans or {}).get(block.id))
         except Exception as exc:  # the reference line is extra: its failure must not stop the search
             run.progress.event("warning", message=f"library reference of {block.id} not measured: "
-                                                  f"{type(exc).__name__}: {exc}"[:500])
+                                                  f"{error_text(exc)}")
             continue
         if m is not None:
             out[block.id] = m

@@ -15,6 +15,7 @@ from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError, Prog
 
 from kernelforge.errors import StorageError, UserError
 from kernelforge.redact import redact, redact_url
+from kernelforge.textsafe import DETAIL, cut
 
 SCHEMA_VERSION = 1
 APPLICATION = "kernelforge"
@@ -308,7 +309,7 @@ def check_integrity(engine: Engine, url: str) -> None:
     if problems and problems != ["ok"]:
         path = url[len("sqlite:///"):]
         raise StorageError(
-            f"the results database {path} is damaged ({redact('; '.join(problems))[:200]}); it was left untouched: "
+            f"the results database {path} is damaged ({cut(redact('; '.join(problems)), DETAIL)}); it was left untouched: "
             f"restore a backup (kernelforge backup JOB makes one) or recover what it holds with "
             f"`sqlite3 {path} .recover | sqlite3 NEW.db` and pass --storage sqlite:///NEW.db"
         )

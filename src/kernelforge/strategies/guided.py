@@ -15,6 +15,7 @@ from collections import deque
 from typing import Any, Callable, Mapping, Sequence
 
 from kernelforge.strategies.base import Strategy, Wrapper
+from kernelforge.textsafe import error_text
 
 #: What an adviser is given: every point told so far with its objective (None: it failed), the
 #: best first, failures last.
@@ -112,7 +113,7 @@ class GuidedStrategy(Wrapper):
         try:
             given = list(self._advice(self.standings()))
         except Exception as exc:  # an adviser's failure is no advice, never a failed search
-            self.advice_error = f"{type(exc).__name__}: {exc}"[:500]
+            self.advice_error = error_text(exc)
             return
         advised, rejected, seen = [], [], set()
         for raw in given:

@@ -27,11 +27,11 @@ import torch
 
 from kernelforge.execute.judge.fingerprint import synchronize
 from kernelforge.result import Status
+from kernelforge.textsafe import cut, tail
 
 RunFn = Callable[..., Any]
 
 #: Characters of a candidate's traceback kept with its verdict (``check --verbose`` prints it).
-TRACEBACK_CHARS = 20000
 
 
 class Rejected(Exception):
@@ -46,8 +46,8 @@ class Rejected(Exception):
 
 def raised(exc: BaseException, prefix: str = "") -> Rejected:
     """The ``runtime_error`` verdict of an exception the candidate raised (being handled now)."""
-    message = f"{prefix}{type(exc).__name__}: {exc}".strip()[:2000]
-    return Rejected(Status.RUNTIME_ERROR, message, traceback.format_exc()[-TRACEBACK_CHARS:])
+    message = cut(f"{prefix}{type(exc).__name__}: {exc}".strip())
+    return Rejected(Status.RUNTIME_ERROR, message, tail(traceback.format_exc()))
 
 
 @contextmanager

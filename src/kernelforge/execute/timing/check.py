@@ -102,7 +102,7 @@ def check_round(block: Block, shape: Shape, dtype: torch.dtype, device: Device, 
     name = shape.name
     if not done.report.ok or done.timing is None:
         prefix = f"{done.report.name}: " if done.report.name else ""
-        return Verification(done.report.status or Status.RUNTIME_ERROR, message=f"{name}: {prefix}{done.report.message}"[:2000],
+        return Verification(done.report.status or Status.RUNTIME_ERROR, message=f"{name}: {prefix}{done.report.message}",
                             traceback=done.report.traceback)
     spec = Outputs.of(block, sets[0].shared, sets[0].outputs)
     for index, copied in zip(done.verified, done.copied_sets):
@@ -146,7 +146,7 @@ def _judged(block: Block, spec: Outputs, state: dict[str, Any], got: dict[str, t
                            got, f"{block.id} {label.split(' ')[0]}")
     rel, excess, problem = judge(block, spec, got, ref, dtype, torch.device(device.torch_device))
     if problem:
-        return Verification(Status.WRONG, rel, excess, 1, f"{label}: {problem}"[:2000])
+        return Verification(Status.WRONG, rel, excess, 1, f"{label}: {problem}")
     return None
 
 
@@ -156,4 +156,4 @@ def timing_mismatch(shape: Shape, timing: Timing, done: TimedRound, device: Devi
     problem = wall_problem(timing, done.wall_s, device, done.cpu_s)
     if not problem:
         return None
-    return Verification(Status.REJECTED, rel, excess, checks, f"{TIMING_MISMATCH_FLAG} {shape.name}: {problem}"[:2000])
+    return Verification(Status.REJECTED, rel, excess, checks, f"{TIMING_MISMATCH_FLAG} {shape.name}: {problem}")

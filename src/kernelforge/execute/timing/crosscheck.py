@@ -36,6 +36,7 @@ from kernelforge.devices.base import Device
 from kernelforge.execute.judge.contract import allocate
 from kernelforge.execute.runner import load_candidate
 from kernelforge.execute.timing.rounds import time_candidate
+from kernelforge.textsafe import LINE, cut, error_text
 
 #: Ratios within this range agree; outside it the row is flagged.
 AGREEMENT = (0.85, 1.18)
@@ -105,7 +106,7 @@ def cross_check_shape(catalog: Catalog, block: Block, shape: Shape, dtype: torch
         timing = time_candidate(block, run, shape, dtype, device, block.counts(shape, dtype))
     except Exception as exc:  # noqa: BLE001 - a broken baseline is this row's finding, not the command's end
         return CrossCheckRow(block.id, shape.name, dtype_name, None, "-", None, None, None, "-",
-                             f"kernelforge's timing failed: {type(exc).__name__}: {exc}"[:500])
+                             f"kernelforge's timing failed: {error_text(exc)}")
     if not device.measures_hardware:
         second, graph, way = _wall_median(call, INTERPRETER_CALLS), None, "host wall clock (interpreter)"
         notes.append("no GPU: the second way is the host's wall clock, and there are no CUDA graphs")
@@ -117,11 +118,11 @@ def cross_check_shape(catalog: Catalog, block: Block, shape: Shape, dtype: torch
         try:
             second = triton.testing.do_bench(call, return_mode="median") / 1e3
         except Exception as exc:  # noqa: BLE001
-            notes.append(f"do_bench failed: {type(exc).__name__}: {exc}"[:300])
+            notes.append(cut(f"do_bench failed: {error_text(exc)}", LINE))
         try:
             graph = triton.testing.do_bench_cudagraph(call, return_mode="median") / 1e3
         except Exception as exc:  # noqa: BLE001 - a call that cannot be captured
-            notes.append(f"do_bench_cudagraph failed: {type(exc).__name__}: {exc}"[:300])
+            notes.append(cut(f"do_bench_cudagraph failed: {error_text(exc)}", LINE))
     return CrossCheckRow(block.id, shape.name, dtype_name, timing.median_s, timing.method, second, graph,
                          timing.extra.get("host_launch_s"), way, "; ".join(notes))
 

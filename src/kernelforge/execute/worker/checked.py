@@ -10,17 +10,19 @@ from typing import Any
 
 from kernelforge.execute.judge.guard import CallReport
 from kernelforge.result import Status, Timing, Verification
+from kernelforge.textsafe import DETAIL, LINE, MESSAGE, TRACEBACK, cut
 
-#: Characters kept of a message or a traceback from the worker.
-MESSAGE_CHARS = 2000
-TRACEBACK_CHARS = 20000
+
+
+#: The most names a list field keeps (harness function labels).
+MAX_NAMES = 100
 
 
 class WireError(ValueError):
     """A worker's answer that is not what the protocol allows."""
 
 
-def text(value: Any, limit: int = MESSAGE_CHARS, *, optional: bool = False) -> str | None:
+def text(value: Any, limit: int = MESSAGE, *, optional: bool = False) -> str | None:
     """A string field (shortened to ``limit``); None only when ``optional``."""
     if value is None and optional:
         return None
@@ -34,14 +36,14 @@ def integer(value: Any, *, optional: bool = False, low: int = 0) -> int | None:
     if value is None and optional:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise WireError(f"expected an integer >= {low}, got {value!r}"[:200])
+        raise WireError(cut(f"expected an integer >= {low}, got {value!r}", DETAIL))
     return value
 
 
 def seconds(value: Any) -> float:
     """A finite, non-negative number of seconds."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise WireError(f"expected a number of seconds, got {value!r}"[:200])
+        raise WireError(cut(f"expected a number of seconds, got {value!r}", DETAIL))
     return float(value)
 
 
@@ -49,7 +51,7 @@ def names(value: Any) -> list[str]:
     """A list of short strings (harness function labels)."""
     if not isinstance(value, list):
         raise WireError("expected a list of names")
-    return [text(item, 300) for item in value[:100]]
+    return [text(item, LINE) for item in value[:MAX_NAMES]]
 
 
 def status(value: Any, *, optional: bool = False) -> Status | None:
@@ -58,7 +60,7 @@ def status(value: Any, *, optional: bool = False) -> Status | None:
     try:
         return Status(value)
     except ValueError:
-        raise WireError(f"unknown status {value!r}"[:200]) from None
+        raise WireError(cut(f"unknown status {value!r}", DETAIL)) from None
 
 
 def report_to(report: CallReport) -> dict[str, Any]:
@@ -71,7 +73,7 @@ def report_from(value: Any) -> CallReport:
     if not isinstance(value, dict):
         raise WireError("expected a call report")
     return CallReport(status(value.get("status"), optional=True), text(value.get("message", "")),
-                      text(value.get("name"), 200, optional=True), text(value.get("traceback", ""), TRACEBACK_CHARS))
+                      text(value.get("name"), DETAIL, optional=True), text(value.get("traceback", ""), TRACEBACK))
 
 
 def verification_to(verdict: Verification | None) -> dict[str, Any] | None:
@@ -87,7 +89,7 @@ def verification_from(value: Any) -> Verification | None:
     if not isinstance(value, dict):
         raise WireError("expected a verdict")
     return Verification(status(value.get("status")), message=text(value.get("message", "")),
-                        traceback=text(value.get("traceback", ""), TRACEBACK_CHARS))
+                        traceback=text(value.get("traceback", ""), TRACEBACK))
 
 
 def timing_to(timing: Timing | None) -> dict[str, Any] | None:
@@ -96,7 +98,7 @@ def timing_to(timing: Timing | None) -> dict[str, Any] | None:
 
 def _extra_value(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, str)):
-        return value if not isinstance(value, str) else value[:300]
+        return value if not isinstance(value, str) else cut(value, LINE)
     if isinstance(value, float):
         return value
     raise WireError(f"timing detail of type {type(value).__name__}")

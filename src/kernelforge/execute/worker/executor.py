@@ -253,7 +253,7 @@ class WorkerExecutor:
             retire = runner.release() or self._holds_memory()
         except WorkerGone as exc:
             self._busy = False
-            verdict = Verification(Status(exc.status), message=str(exc)[:2000])
+            verdict = Verification(Status(exc.status), message=str(exc))
             return _complete(shapes, results, counts, verdict, first_only=True)
         except _Retired as exc:
             retire = str(exc)
@@ -323,6 +323,6 @@ def _complete(shapes: list[Shape], results: dict[str, Evaluation], counts: dict,
             out.append(Evaluation(shape, verdict, counts[shape.name]))
             first = False
         else:
-            skipped = Verification(verdict.status, message=f"not run: {verdict.message}"[:2000])
+            skipped = Verification(verdict.status, message=f"not run: {verdict.message}")
             out.append(Evaluation(shape, skipped, counts[shape.name]))
     return out

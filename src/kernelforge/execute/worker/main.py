@@ -26,6 +26,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Callable
 
 from kernelforge.sandbox.roles import apply_worker_sandbox, die_with_parent, limit_process
+from kernelforge.textsafe import LINE, MESSAGE, cut, error_text
 
 
 def _make_device(init: Any) -> Any:
@@ -74,7 +75,7 @@ def _health_check(device: Any) -> Callable[[], str | None]:
             try:
                 device.synchronize()
             except Exception as exc:  # a sticky CUDA error surfaces at the next synchronisation
-                return f"{type(exc).__name__}: {exc}"[:300]
+                return error_text(exc, LINE)
         return None
 
     return healthy
@@ -125,7 +126,7 @@ def serve(receive: Connection, send: Connection, arena_fd: int = -1) -> None:
             answer = wire.Probed(_probe()) if isinstance(request, wire.Probe) else session.handle(request)
         except Exception as exc:  # a bug of the harness surfaced by a candidate: reported, then a fresh worker
             send.send_bytes(wire.encode_answer(wire.HarnessError(
-                f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"[:4000])))
+                cut(f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}", 2 * MESSAGE))))
             return
         send.send_bytes(wire.encode_answer(answer))
         if isinstance(answer, wire.Released) and answer.retire:

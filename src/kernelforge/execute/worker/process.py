@@ -3,10 +3,12 @@
 The process runs :mod:`kernelforge.execute.worker.main`, started with ``subprocess`` and the
 environment of :func:`~kernelforge.sandbox.roles.scrubbed_environment`, in a temporary working
 directory of its own, in a new session (Ctrl-C in the terminal goes to the search, which then
-closes the worker). Requests and answers are the records of :mod:`kernelforge.execute.worker.protocol`
-(answers are checked JSON, never unpickled here), over two pipes on dedicated file descriptors; the worker's stdout and stderr go to a log file whose tail explains a crash. On the
-CPU the process also inherits the descriptor of a fresh shared arena (:attr:`WorkerProcess.arena`,
-:mod:`kernelforge.execute.worker.arena`), through which the trusted process shares tensors with it.
+closes the worker). Requests and answers are the records of
+:mod:`kernelforge.execute.worker.protocol` (answers are checked JSON, never unpickled here), over
+two pipes on dedicated file descriptors; the worker's stdout and stderr go to a log file whose tail
+explains a crash. On the CPU the process also inherits the descriptor of a fresh shared arena
+(:attr:`WorkerProcess.arena`, :mod:`kernelforge.execute.worker.arena`), through which the trusted
+process shares tensors with it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,11 @@ from kernelforge.execute.worker.arena import Arena
 from kernelforge.execute.worker.protocol import (MAX_MESSAGE_BYTES, Exit, Init, InitError, Ready, WireError,
                                                  decode_answer, encode_request)
 from kernelforge.sandbox.roles import sandbox_environment
+from kernelforge.textsafe import LINE, NOTE, cut
+
+
+#: How much of the end of the worker's log a crash's explanation is looked for in.
+LOG_TAIL_BYTES = 20000
 
 
 class WorkerGone(Exception):
@@ -182,7 +189,7 @@ class WorkerProcess:
             return ""
         with open(self._log, "rb") as f:
             f.seek(self._log_offset)
-            text = f.read()[-20000:].decode("utf-8", "replace")
+            text = f.read()[-LOG_TAIL_BYTES:].decode("utf-8", "replace")
         lines = [line.strip() for line in text.splitlines() if line.strip()]
         candidate = [line for line in lines if "/kf_" in line and "line" in line]
         if candidate:
@@ -190,7 +197,7 @@ class WorkerProcess:
             if match:
                 return f"at candidate line {match.group(1)} in {match.group(2)}"
         fatal = [line for line in lines if line.startswith(("Fatal Python error", "MemoryError", "RuntimeError"))]
-        return (fatal[-1] if fatal else (lines[-1] if lines else ""))[:300]
+        return cut(fatal[-1] if fatal else (lines[-1] if lines else ""), LINE)
 
     def receive(self, timeout: float, step: str, limit: float | None = None) -> Any:
         """The worker's next answer (a record of the protocol, rebuilt from checked fields), or
@@ -223,8 +230,8 @@ class WorkerProcess:
                         return decode_answer(data)
                     except WireError as exc:
                         self.kill()
-                        raise WorkerGone("runtime_error", f"unreadable answer from the worker while {step}: "
-                                                          f"{exc}"[:500]) from None
+                        raise WorkerGone("runtime_error", cut(f"unreadable answer from the worker while {step}: {exc}",
+                                                              NOTE)) from None
             if ready or self._proc.poll() is not None:
                 try:
                     code = self._proc.wait(timeout=10)

@@ -35,9 +35,10 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from kernelforge.execute.judge.guard import CallReport
-from kernelforge.execute.worker.checked import (MESSAGE_CHARS, WireError, integer, names, report_from, report_to,
+from kernelforge.execute.worker.checked import (WireError, integer, names, report_from, report_to,
                                                text, timing_from, timing_to, verification_from, verification_to)
 from kernelforge.result import Timing, Verification
+from kernelforge.textsafe import MESSAGE
 
 __all__ = ["Argument", "Init", "Load", "Call", "Sync", "Time", "Tampering", "Release", "Probe", "Exit", "REQUESTS",
            "Ready", "InitError", "Loaded", "Returned", "Synced", "Timed", "Tampered", "Released", "Probed",
@@ -296,7 +297,7 @@ class HarnessError(_Answer):
 
     @classmethod
     def parse(cls, message: dict[str, Any]) -> HarnessError:
-        return cls(text(message.get("message"), 2 * MESSAGE_CHARS))
+        return cls(text(message.get("message"), 2 * MESSAGE))
 
 
 ANSWERS = (Ready, InitError, Loaded, Returned, Synced, Timed, Tampered, Released, Probed, HarnessError)

@@ -28,6 +28,7 @@ from kernelforge.execute.timing.cputime import cpu_seconds
 from kernelforge.execute.worker import protocol as wire
 from kernelforge.execute.worker.process import WorkerGone, WorkerProcess
 from kernelforge.result import Status, Verification
+from kernelforge.textsafe import DETAIL, cut
 
 
 class WorkerRunner:
@@ -80,7 +81,7 @@ class WorkerRunner:
         message = self.process.receive(max(self._deadline - time.monotonic(), 1e-3), self._label, limit=self._limit)
         if isinstance(message, wire.HarnessError):
             self.process.kill()
-            raise WorkerGone("runtime_error", f"harness error in the worker: {message.message[:1800]}")
+            raise WorkerGone("runtime_error", f"harness error in the worker: {message.message}")
         if not isinstance(message, answer):
             self.process.kill()
             raise WorkerGone("runtime_error", f"the worker answered {type(message).__name__} to "
@@ -90,7 +91,7 @@ class WorkerRunner:
     def _report(self, report: CallReport) -> CallReport:
         fatal = self.device.fatal_errors
         if not report.ok and fatal is not None and fatal.search(report.message):
-            self.retire = f"{self.device.name} error: " + report.message[:200]
+            self.retire = f"{self.device.name} error: " + cut(report.message, DETAIL)
         return report
 
     def _tasks(self) -> int | None:
