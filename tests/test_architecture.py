@@ -227,3 +227,14 @@ def test_messages_are_cut_in_one_place():
 
 def test_the_cut_finder_sees_a_hand_cut():
     assert _hand_cuts(ast.parse("m = f'{x}'[:2000]\nt = tb[-20000:]\nok = xs[:10]")) == [1, 2]
+
+
+def test_the_policy_is_asked_in_its_two_places():
+    """Issue 30: the search's gate decides whether proposed code may run; every other place that is
+    about to compile or run a source asks :func:`kernelforge.policy.wall.refusal`. Nothing else
+    calls the checker itself."""
+    modules = _modules()
+    callers = sorted(name for name, path in modules.items()
+                     if any(target == "kernelforge.policy.checker" and "check_source" in names
+                            for target, names, _ in _imports(name, path, set(modules))))
+    assert callers == ["kernelforge.policy.wall", "kernelforge.search.gate"], callers

@@ -24,7 +24,7 @@ from kernelforge.candidate import load_module
 from kernelforge.catalog import Catalog, default_kernels_root
 from kernelforge.errors import UserError
 from kernelforge.execute.judge.contract import Outputs, allocate
-from kernelforge.policy.checker import check_source
+from kernelforge.policy.wall import refusal
 from kernelforge.job import Job, job_path, load_job, require_llm_endpoint
 from kernelforge.redact import redact_url, register_url
 from kernelforge.report.collect import collect
@@ -190,9 +190,9 @@ def load_winner(job: Job, block_id: str, shape: str | None = None, *, device: st
                "nothing is stored for it; run the job first (kernelforge.api.run, or kernelforge search)")
         raise UserError(f"block {block_id} of job {job.name} has no verified winner at shape {chosen.name} "
                         f"in {redact_url(job.storage_url)}: {why}")
-    policy = check_source(stored.source)
-    if not policy.ok:
-        raise UserError(f"the stored source of {stored.id} breaks the source policy ({policy.message()}); "
+    why = refusal(stored.source)
+    if why:
+        raise UserError(f"the stored source of {stored.id} breaks the source policy ({why}); "
                         "the database was changed after the search: refusing to run it")
     name = device or job.device
     if name.startswith("replay:"):

@@ -267,3 +267,17 @@ def compile_workers_from_env(default: int = 1) -> int:
     ``default``."""
     text = os.environ.get(COMPILE_WORKERS_ENV, "")
     return int(text) if text.isdigit() and int(text) > 0 else default
+
+
+def refused_compile(source: str, target: str | None) -> cf.Future | None:
+    """A finished Future of the ``rejected`` report of a source the static policy refuses (the
+    compile pools' wall: :func:`kernelforge.policy.wall.refusal`), or None when it may compile."""
+    from kernelforge.policy.wall import refusal
+
+    why = refusal(source)
+    if why is None:
+        return None
+    future: cf.Future = cf.Future()
+    future.set_result(CompileReport.failed(parse_target(target if target is not None else default_target()).name,
+                                           "rejected", why))
+    return future

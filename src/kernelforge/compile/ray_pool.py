@@ -20,6 +20,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from kernelforge.compile.pool import refused_compile
 from kernelforge.compile.resources import CompileReport
 from kernelforge.targets import default_target, parse_target
 
@@ -64,14 +65,10 @@ class RayCompilePool:
     def submit(self, source: str, block_id: str, kernels_root: str | Path, dtype: Any,
                target: str | None = None) -> Future:
         """Queue one compile (the arguments of :meth:`CompilePool.submit`); a Future of its report."""
-        from kernelforge.policy.checker import check_source
-
+        refused = refused_compile(source, target)
+        if refused is not None:
+            return refused
         tgt = parse_target(target if target is not None else default_target())
-        report = check_source(source)
-        if not report.ok:
-            future: Future = Future()
-            future.set_result(CompileReport.failed(tgt.name, "rejected", report.message()))
-            return future
         ref = self._task.remote(source, block_id, str(Path(kernels_root).resolve()), dtype_name(dtype), tgt.name,
                                 self.timeout)
         self._refs = [r for r in self._refs if not _done(r)] + [ref]

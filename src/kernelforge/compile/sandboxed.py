@@ -18,10 +18,8 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from kernelforge.compile.pool import CompilePool, prepare_pool_worker
-from kernelforge.compile.resources import CompileReport
+from kernelforge.compile.pool import CompilePool, prepare_pool_worker, refused_compile
 from kernelforge.compile.spawning import EnvironmentSpawnContext
-from kernelforge.targets import default_target, parse_target
 from kernelforge.sandbox.roles import (Role, apply_sandbox, default_memory_limit, die_with_parent, limit_process,
                                          sandbox_environment)
 
@@ -66,14 +64,9 @@ class SandboxedCompilePool(CompilePool):
                                    initargs=(self.memory_limit, os.getpid(), self._folder, self.kernels_roots))
 
     def submit(self, source: str, block_id: str, kernels_root: Any, dtype: Any, target: str | None = None) -> Future:
-        from kernelforge.policy.checker import check_source
-
-        report = check_source(source)
-        if not report.ok:
-            tgt = parse_target(target if target is not None else default_target())
-            future: Future = Future()
-            future.set_result(CompileReport.failed(tgt.name, "rejected", report.message()))
-            return future
+        refused = refused_compile(source, target)
+        if refused is not None:
+            return refused
         root = str(Path(kernels_root).resolve())
         if root not in self.kernels_roots:  # the processes' sandbox cannot read it: new processes
             self.kernels_roots += (root,)

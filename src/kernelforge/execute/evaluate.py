@@ -98,11 +98,11 @@ def evaluate(
         return results
 
     if policy:
-        from kernelforge.policy.checker import check_source
+        from kernelforge.policy.wall import refusal
 
-        report = check_source(source)
-        if not report.ok:
-            return fail_all(Verification(Status.REJECTED, message=report.message()))
+        why = refusal(source)
+        if why:
+            return fail_all(Verification(Status.REJECTED, message=why))
     step("compile")
 
     def tampered(when: str) -> Verification | None:

@@ -5,9 +5,12 @@ it is compiled or run.
   source's syntax tree.
 - :mod:`.allowlist`: the allowlist itself, as data (modules, names, attributes, calls).
 - :mod:`.violation`: the records a check returns (where a source breaks a rule, and the report).
+- :mod:`.wall`: :func:`~kernelforge.policy.wall.refusal`, what every wall calls before it compiles
+  or runs a source.
 
 The search decides in one place whether proposed code may run (:mod:`kernelforge.search.gate`); the
-executors and the compile pool call the same check as their own first wall.
+executors, the compile pools and the API's winner loader are walls of their own, and each calls
+:func:`~kernelforge.policy.wall.refusal`, nothing else.
 """
 
-__all__ = ["checker", "allowlist", "violation"]
+__all__ = ["checker", "allowlist", "violation", "wall"]

@@ -51,7 +51,7 @@ from kernelforge.errors import UserError
 from kernelforge.execute.timing.cputime import resident_bytes
 from kernelforge.execute.evaluate import evaluate, pair_speedups
 from kernelforge.execute.judge.held_out import HeldOutDraw
-from kernelforge.policy.checker import check_source
+from kernelforge.policy.wall import refusal
 from kernelforge.sandbox.roles import default_memory_limit, sandbox_plan
 from kernelforge.execute.timing.rounds import TimingPlan
 from kernelforge.execute.worker.process import WorkerGone, WorkerProcess
@@ -231,11 +231,10 @@ class WorkerExecutor:
         whatever happens to the worker (see the module docstring). A block that breaks its
         contract raises :class:`~kernelforge.block.HarnessError`."""
         counts = {s.name: block.counts(s, dtype) for s in shapes}
-        if self.policy:
-            report = check_source(source)
-            if not report.ok:
-                verdict = Verification(Status.REJECTED, message=report.message())
-                return [Evaluation(s, verdict, counts[s.name]) for s in shapes]
+        why = refusal(source) if self.policy else None
+        if why:
+            verdict = Verification(Status.REJECTED, message=why)
+            return [Evaluation(s, verdict, counts[s.name]) for s in shapes]
         extra = self.held_out.draw(block, shapes, self.device.name) if self.held_out else []
         process = self._ensure(_block_root(block))
         runner = self._runner(process)
@@ -275,7 +274,7 @@ class WorkerExecutor:
         """Interleaved baseline/candidate speedups on one shape, timed in the worker and checked
         here (:func:`~kernelforge.execute.evaluate.pair_speedups`); empty when the worker fails
         or a check does (the candidate is then not confirmed)."""
-        if self.policy and (not check_source(candidate_source).ok or not check_source(baseline_source).ok):
+        if self.policy and (refusal(candidate_source) or refusal(baseline_source)):
             return []
         process = self._ensure(_block_root(block))
         runner = self._runner(process, self.compile_timeout + self.run_timeout * max(pairs, 1), "re-timing pairs")
