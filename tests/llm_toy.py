@@ -15,28 +15,11 @@ from kernelforge.llm.proposer import for_job
 from kernelforge.search.search import Search
 from kernelforge.store.store import Store
 from kf_progress import Recorder
+from toy_job import write_job
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "kernels"
 BLOCK = "toy/axpy"
 
-JOB = """
-[job]
-name = "{name}"
-device = "interpret"
-dtype = "float16"
-seed = {seed}
-
-[strategy]
-name = "{strategy}"
-evaluations = {evaluations}
-
-[[blocks]]
-id = "toy/axpy"
-shapes = "smoke"
-
-[llm]
-{llm}
-"""
 
 #: The [llm] fields every toy job has unless a test says otherwise: one request at a time, no
 #: retries, short timeouts, all of the block's evaluations kept for the LLM.
@@ -65,10 +48,8 @@ def write_llm_job(folder: Path, name: str, *, evaluations: int, seed: int = 5, s
     (``[llm.extra_body]``, ``[[llm.models]]``...). Returns its path."""
     fields = {**LLM_DEFAULTS, **llm}
     lines = [f"{key} = {_toml(value)}" for key, value in fields.items() if value is not None]
-    path = folder / f"{name}.toml"
-    path.write_text(JOB.format(name=name, seed=seed, strategy=strategy, evaluations=evaluations,
-                               llm="\n".join(lines) + "\n" + tables))
-    return path
+    return write_job(folder, name, seed=seed, strategy=strategy, evaluations=evaluations, shapes="smoke",
+                     tables="[llm]\n" + "\n".join(lines) + "\n" + tables)
 
 
 def run_llm_search(path: Path, db: Path, **llm_changes: Any):

@@ -28,6 +28,7 @@ from kernelforge.result import Status
 from kernelforge.search.search import Search
 from kernelforge.store.store import Store
 from kf_progress import Recorder
+from toy_job import job_text, write_job
 
 pytestmark = pytest.mark.interpreter
 
@@ -36,28 +37,12 @@ FIXTURES = ROOT / "tests" / "fixtures" / "kernels"
 FAULTY = ROOT / "tests" / "fixtures" / "faulty_kernels"
 CLI = [sys.executable, "-m", "kernelforge", "--kernels", str(FIXTURES)]
 
-JOB = """
-[job]
-name = "{name}"
-device = "interpret"
-dtype = "{dtype}"
-
-[strategy]
-name = "grid"
-evaluations = {evaluations}
-
-[[blocks]]
-id = "{block}"
-shapes = "smoke"
-"""
 
 
 
 def job_file(folder: Path, name: str = "toy", block: str = "toy/axpy", evaluations: int = 9,
              dtype: str = "float16") -> Path:
-    path = folder / f"{name}.toml"
-    path.write_text(JOB.format(name=name, block=block, evaluations=evaluations, dtype=dtype))
-    return path
+    return write_job(folder, name, block=block, evaluations=evaluations, dtype=dtype, shapes="smoke")
 
 
 def rows(db: Path, query: str) -> list:
@@ -357,9 +342,9 @@ def run(x, y, alpha, out):
 
 BAD_INPUTS = {
     "malformed job": ("job", "[job\nname = 'toy'", "not valid TOML"),
-    "unknown block": ("job", JOB.format(name="toy", block="toy/axpi", evaluations=2, dtype="float16"),
+    "unknown block": ("job", job_text("toy", block="toy/axpi", evaluations=2, shapes="smoke"),
                       "unknown block 'toy/axpi' (did you mean toy/axpy?)"),
-    "unknown template": ("job", JOB.format(name="toy", block="toy/axpy", evaluations=2, dtype="float16")
+    "unknown template": ("job", job_text("toy", evaluations=2, shapes="smoke")
                          + 'templates = ["fastest"]\n', "has no template 'fastest'"),
     "render fails at a point": ("template", TEMPLATE.format(constraints="[]", body="(BLOCK - 64) // 192"),
                                 "rendering failed at {'BLOCK': 64}: ZeroDivisionError"),

@@ -18,6 +18,7 @@ from kernelforge.search.search import Search
 from kernelforge.store.records import StoreCounts
 from kernelforge.store.store import Store
 from kf_progress import Recorder
+from toy_job import write_job
 
 pytestmark = pytest.mark.interpreter
 
@@ -25,29 +26,11 @@ ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "kernels"
 CLI = [sys.executable, "-m", "kernelforge", "--kernels", str(FIXTURES)]
 
-JOB = """
-[job]
-name = "{name}"
-device = "{device}"
-dtype = "float16"
-tune = "{tune}"
-seed = 3
-
-[strategy]
-name = "{strategy}"
-evaluations = {evaluations}
-
-[[blocks]]
-id = "toy/axpy"
-shapes = "check"
-"""
 
 
 
 def job_file(tmp_path: Path, name="toy", device="interpret", tune="all-shapes", strategy="tpe", evaluations=5) -> Path:
-    path = tmp_path / f"{name}.toml"
-    path.write_text(JOB.format(name=name, device=device, tune=tune, strategy=strategy, evaluations=evaluations))
-    return path
+    return write_job(tmp_path, name, device=device, tune=tune, strategy=strategy, evaluations=evaluations, seed=3)
 
 
 def rows(db: Path, query: str):
