@@ -23,6 +23,7 @@ from kernelforge.block import Shape
 from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
 from kernelforge.devices.base import Device
+from kernelforge.devices.cuda import CudaDevice
 from kernelforge.devices.interpret import InterpretDevice
 from kernelforge.execute import timing as timing_module
 from kernelforge.execute.evaluate import evaluate
@@ -174,3 +175,76 @@ def test_beyond_the_memory_budget_a_share_of_the_calls_is_copied_and_still_catch
     source = counting(baseline(FIXTURES, "toy/axpy"), FAMILIES["toy/axpy"][2], "alpha = 0.0", IN_TIMED_LOOPS)
     [ev] = evaluate(block, source, [shape], torch.float16, device, rng=random.Random(1))
     assert ev.status is Status.WRONG and "verified after timing" in ev.verification.message
+
+
+class CudaLoopsOnCpu(CudaDevice):
+    """``CudaDevice.time`` as written (warm-up, launch, probe and drain samples, timed rounds, the
+    energy round), with the GPU's clocks and queue simulated on the CPU: its calls run the
+    interpreter, every event-timed call takes 1 ms."""
+
+    torch_device = "cpu"
+
+    def __init__(self) -> None:
+        super().__init__(warmup=2, rounds=2, calls_per_round=5)
+        self.torch_device = "cpu"
+        self.prepared = 0
+
+    def prepare(self) -> None:
+        InterpretDevice().prepare()
+
+    def synchronize(self) -> None:
+        pass
+
+    def _spin(self, seconds: float) -> None:
+        pass
+
+    def _l2_bytes(self) -> int:
+        return 64 * 2**20
+
+    def _flush_l2(self) -> None:
+        pass
+
+    def gpu_name(self) -> str:
+        return "simulated GPU"
+
+    def ceilings(self) -> Any:
+        return None
+
+    def _prepare_call(self) -> None:
+        super()._prepare_call()
+        self.prepared += 1
+
+    def _launch_samples(self, calls, count):
+        for i in range(count):
+            self._prepare_call()
+            calls[i % len(calls)]()
+        return [1e-5] * count
+
+    def _event_samples(self, calls, count, flush):
+        for i in range(count):
+            self._prepare_call()
+            calls[i % len(calls)]()
+        return [1e-3] * count
+
+    def describe(self) -> dict[str, Any]:
+        return {"device": "simulated-cuda"}
+
+
+def test_cudas_own_loops_stay_within_its_declared_preparations_and_faked_event_calls_are_caught():
+    """The real ``CudaDevice.time`` on CPU calls: its preparations fit ``round_preparations`` (so
+    every call is copied), an honest kernel passes, and one that fakes every event-timed call
+    (probe, drain, timed rounds: it counts past the warm-up and launch samples) is wrong."""
+    block, shape = _shape("toy/axpy")
+    device = CudaLoopsOnCpu()
+    device.prepare()
+    n_sets = input_set_count(block.counts(shape, torch.float16), device)
+    [ev] = evaluate(block, baseline(FIXTURES, "toy/axpy"), [shape], torch.float16, device, recheck=False)
+    assert ev.status is Status.OK, ev.verification.message
+    assert ev.timing.method == "cuda-events" and n_sets > 1
+    assert 0 < device.prepared <= device.round_preparations(n_sets)
+    assert ev.timing.extra["copied_calls"] == device.prepared
+    honest_work = BEFORE_ROUND + device.warmup + 5  # verification, warm-up, launch samples
+    source = counting(baseline(FIXTURES, "toy/axpy"), FAMILIES["toy/axpy"][2], "alpha = 0.0",
+                      f"{honest_work} < _C <= {BEFORE_ROUND + device.round_preparations(n_sets)}")
+    [ev] = evaluate(block, source, [shape], torch.float16, device, recheck=False)
+    assert ev.status is Status.WRONG and "verified after timing" in ev.verification.message, ev.verification.message
