@@ -23,12 +23,12 @@ from kernelforge.block import Shape
 from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
 from kernelforge.devices.base import Device
-from kernelforge.devices.cuda import CudaDevice
 from kernelforge.devices.interpret import InterpretDevice
 from kernelforge.execute import timing as timing_module
 from kernelforge.execute.evaluate import evaluate
 from kernelforge.execute.timing import VERIFIED_DRAWS, copied_calls, input_set_count
 from kernelforge.result import Status, Timing
+from kf_simulated_gpu import SimulatedGpu
 
 pytestmark = pytest.mark.interpreter
 
@@ -123,10 +123,15 @@ def test_an_honest_kernel_passes_with_every_call_copied(block_id):
     device = LoopingGpu()
     device.prepare()
     assert input_set_count(block.counts(shape, torch.float16), device) > 1  # several rotated sets
-    [ev] = evaluate(block, baseline(FAMILIES[block_id][0], block_id), [shape], torch.float16, device)
-    assert ev.status is Status.OK, ev.verification.message
-    assert ev.timing.extra["copied_calls"] == WARMUP + PROBE + LOOPS * PER_LOOP
-    assert len(ev.timing.extra["verified_calls"]) == VERIFIED_DRAWS
+    source = baseline(FAMILIES[block_id][0], block_id)
+    for seed in range(3, 5):  # with all 19 copies made, these draws hold the last prepared call
+        [ev] = evaluate(block, source, [shape], torch.float16, device, rng=random.Random(seed))
+        assert ev.status is Status.OK, ev.verification.message
+        # The energy round calls the last prepared set again, unprepared: for a block with in-place
+        # inputs (router, norm) that call's copy would hold twice-updated results, so it is not made.
+        made = WARMUP + PROBE + LOOPS * PER_LOOP - (1 if block.inplace else 0)
+        assert ev.timing.extra["copied_calls"] == made
+        assert len(ev.timing.extra["verified_calls"]) == VERIFIED_DRAWS
 
 
 @pytest.mark.parametrize("block_id", sorted(FAMILIES))
@@ -177,35 +182,18 @@ def test_beyond_the_memory_budget_a_share_of_the_calls_is_copied_and_still_catch
     assert ev.status is Status.WRONG and "verified after timing" in ev.verification.message
 
 
-class CudaLoopsOnCpu(CudaDevice):
+class CudaLoopsOnCpu(SimulatedGpu):
     """``CudaDevice.time`` as written (warm-up, launch, probe and drain samples, timed rounds, the
-    energy round), with the GPU's clocks and queue simulated on the CPU: its calls run the
-    interpreter, every event-timed call takes 1 ms."""
-
-    torch_device = "cpu"
+    energy round), with the GPU's clocks simulated (every event-timed call takes 1 ms, so events
+    are the method) and its calls run on the CPU by the interpreter; it counts its preparations."""
 
     def __init__(self) -> None:
-        super().__init__(warmup=2, rounds=2, calls_per_round=5)
+        super().__init__(call_s=1e-3, launch_s=1e-5)
         self.torch_device = "cpu"
         self.prepared = 0
 
     def prepare(self) -> None:
         InterpretDevice().prepare()
-
-    def synchronize(self) -> None:
-        pass
-
-    def _spin(self, seconds: float) -> None:
-        pass
-
-    def _l2_bytes(self) -> int:
-        return 64 * 2**20
-
-    def _flush_l2(self) -> None:
-        pass
-
-    def gpu_name(self) -> str:
-        return "simulated GPU"
 
     def ceilings(self) -> Any:
         return None
@@ -213,18 +201,6 @@ class CudaLoopsOnCpu(CudaDevice):
     def _prepare_call(self) -> None:
         super()._prepare_call()
         self.prepared += 1
-
-    def _launch_samples(self, calls, count):
-        for i in range(count):
-            self._prepare_call()
-            calls[i % len(calls)]()
-        return [1e-5] * count
-
-    def _event_samples(self, calls, count, flush):
-        for i in range(count):
-            self._prepare_call()
-            calls[i % len(calls)]()
-        return [1e-3] * count
 
     def describe(self) -> dict[str, Any]:
         return {"device": "simulated-cuda"}

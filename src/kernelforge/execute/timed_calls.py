@@ -150,6 +150,11 @@ class _Round:
             # device's loop index names (CudaDevice's later loops restart their index while the
             # preparations go on counting): a call never finds a set it did not poison and touch.
             which, self.fresh = self.fresh, None
+        elif self.pending is not None and self.pending[1] == which and self.job.inplace:
+            # A call with no preparation (a graph capture, the energy round) on the set whose copy
+            # is pending updates its in-place inputs once more: the copy, made later, would not be
+            # the prepared call's results. It is not made (the trusted side draws among those made).
+            self.pending = None
         self.run(**self.job.sets[which])
         if self.armed is not None:
             self.pending, self.armed = (self.armed, which), None
