@@ -349,3 +349,132 @@ def test_a_postgresql_password_is_shown_nowhere(tmp_path, monkeypatch, capsys):
         assert result.exit_code == 1, (args, result.output)  # an unreachable server: a storage failure (issue 33)
         assert password not in result.output and "***@127.0.0.1:9" in result.output, (args, result.output)
     assert os.environ.get("KF_REDACT_UNSET") is None
+
+
+# -- transformed secrets (issue 29) ----------------------------------------------------------------
+
+def transformed(key: str) -> dict[str, str]:
+    """The forms a candidate or a model could turn ``key`` into to smuggle it out, by name."""
+    import base64
+    from urllib.parse import quote, quote_plus
+
+    rev = key[::-1]
+    forms = {
+        "reversed": rev, "spaced": " ".join(key), "punctuated": ".".join(key), "upper": key.upper(),
+        "swapped case": key.swapcase(), "reversed, spaced, upper": " - ".join(rev.upper()),
+        "one per comment line": "# " + "\n# ".join(rev), "hex": key.encode().hex(), "HEX": key.encode().hex().upper(),
+        "reversed hex": rev.encode().hex(), "percent": "".join(f"%{b:02X}" for b in key.encode()),
+        "quote_plus": quote_plus(key), "quote": quote(rev, safe=""), "x-escapes": "".join(f"\\x{b:02x}" for b in key.encode()),
+    }
+    for skip in range(3):
+        for name, encode in (("base64", base64.b64encode), ("urlsafe base64", base64.urlsafe_b64encode)):
+            forms[f"{name} at offset {skip}"] = encode(b"pad"[:skip] + key.encode() + b"tail").decode()
+            forms[f"reversed {name} at offset {skip}"] = encode(b"pad"[:skip] + rev.encode()).decode()
+    return forms
+
+
+def holds(text: str, key: str) -> list[str]:
+    """The names of the transformed forms of ``key`` that can still be read out of ``text``
+    (percent-decoded, and with ``%`` and ``\\x`` escapes dropped, too)."""
+    from urllib.parse import unquote_plus
+
+    return [found for variant in (text, unquote_plus(text), text.replace("\\x", "").replace("%", ""))
+            for found in _holds(variant, key)]
+
+
+def _holds(text: str, key: str) -> list[str]:
+    import base64
+    import binascii
+    import re as regex
+
+    found = []
+    squeezed = regex.sub(r"[\W_]+", "", text).lower()
+    skeleton = regex.sub(r"[\W_]+", "", key).lower()
+    if skeleton in squeezed or skeleton[::-1] in squeezed:
+        found.append("letters and digits in order")
+    for word in regex.findall(r"[A-Za-z0-9+/_=-]{8,}", text):
+        for name, decode in (("base64", lambda w: base64.b64decode(w + "==")),
+                             ("urlsafe base64", lambda w: base64.urlsafe_b64decode(w + "==")), ("hex", bytes.fromhex)):
+            for cut in range(4):
+                try:
+                    plain = decode(word[cut:]).decode("latin-1")
+                except (binascii.Error, ValueError):
+                    continue
+                if key in plain or key[::-1] in plain:
+                    found.append(f"decodes as {name}")
+    return found
+
+
+def test_a_transformed_secret_is_masked_in_every_form():
+    key = fake_key()
+    r = Redactor(key)
+    for name, form in transformed(key).items():
+        text = f"prefix {form} suffix"
+        assert holds(text, key), f"{name}: the test's own detector must see the key in the raw form"
+        assert not holds(r(text), key), f"{name}: {r(text)!r}"
+        assert r(text).startswith("prefix ") and MASK in r(text), name
+
+
+def test_transformed_forms_mask_nothing_in_ordinary_text():
+    """The shipped templates and docs hold no fake key in any form, and come back unchanged."""
+    r = Redactor(*(fake_key() for _ in range(4)), fake_password())
+    texts = [p.read_text(encoding="utf-8") for p in sorted((ROOT / "kernels").rglob("*.py.j2"))]
+    texts += [p.read_text(encoding="utf-8") for p in sorted((ROOT / "docs").glob("*.md"))]
+    assert len(texts) > 10
+    for text in texts:
+        assert r(text) == text
+
+
+def test_no_row_the_store_writes_holds_a_transformed_secret(tmp_path):
+    """The issue's exploit stored a key reversed and spaced in a candidate's source; a model's
+    answer could carry it base64-encoded. Neither reaches the database in any form."""
+    import base64
+    import time
+
+    from kernelforge.candidate import Candidate
+    from kernelforge.result import Status, StoredResult
+    from kernelforge.store.store import Store
+
+    key = fake_key()
+    register(key)
+    forms = transformed(key)
+    store = Store(f"sqlite:///{tmp_path / 'db' / 'kernelforge.db'}")
+    source = "".join(f"# {name}: {form}\n" for name, form in forms.items())
+    candidate = Candidate("toy/axpy", "toy/axpy/leaky", (("BLOCK", 1),), source, origin="llm")
+    store.add_candidate(candidate, job="j")
+    store.add_result(StoredResult(
+        candidate_id=candidate.id, block="toy/axpy", shape="n1000", dtype="float16", device="interpret",
+        env_key="e", status=Status.RUNTIME_ERROR, rel_error=None, median_s=None, p20_s=None, p80_s=None, samples=None,
+        timing_method=None, timing_label=None, joules=None, flops=None, bytes=None,
+        message=f"ValueError: {forms['reversed, spaced, upper']}", env={}, job="j", created=time.time()))
+    store.add_llm_calls([{
+        "job": "j", "run": 1, "seq": 1, "attempt": 0, "final": True, "block": "toy/axpy", "purpose": "new",
+        "depth": 0, "model": "m", "base_url": "http://h/v1", "request": "{}", "request_hash": "h",
+        "response": base64.b64encode(f"key={key}".encode()).decode(), "status": "ok", "error": None, "tick": 0}])
+    stored = store.candidate(candidate.id).source
+    assert not holds(stored, key) and stored.count(MASK) == len(forms)
+    assert not holds(store.results()[0].message, key)
+    store.close()
+    raw = _all_bytes(tmp_path / "db").decode("latin-1")
+    assert not holds(raw, key)
+
+
+@pytest.mark.interpreter
+def test_the_process_that_runs_candidate_code_holds_no_secret_in_any_form(monkeypatch):
+    """The worker's environment is an allowlist: a secret of the search, under a name that looks
+    secret or one that does not, is in no form in its exec environment or its command line, read
+    from outside it."""
+    from kernelforge.devices.interpret import InterpretDevice
+    from kernelforge.execute.worker.executor import WorkerExecutor
+
+    key, other = fake_key(), fake_key()
+    monkeypatch.setenv("KF_REDACT_API_KEY", key)
+    monkeypatch.setenv("KF_REDACT_ENDPOINT", other)
+    with WorkerExecutor(InterpretDevice(), held_out=False) as executor:
+        executor.probe()
+        pid = executor._process.pid
+        environ = Path(f"/proc/{pid}/environ").read_bytes().decode("latin-1")
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode("latin-1")
+    assert environ and cmdline
+    for secret in (key, other):
+        assert not holds(environ, secret) and not holds(cmdline, secret)

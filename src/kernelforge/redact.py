@@ -11,9 +11,13 @@ client (every message just before the request, every answer and error as it arri
 by value catches a secret wherever it travels: inside an exception message, a compile log, a
 server's echo of a header, a candidate's output.
 
-A registered value is also masked in the forms it takes inside the text kernelforge writes: JSON
-string escapes, Python ``repr`` escapes, HTML escapes and URL percent-encoding. Storage URLs are
-shown through :func:`redact_url` (user and password masked).
+A registered value is also masked in the forms it takes inside the text kernelforge writes (JSON
+string escapes, Python ``repr`` escapes, HTML escapes and URL percent-encoding) and in the forms a
+candidate or a model could turn it into to smuggle it out (issue 29: a template stored a key
+reversed and spaced): reversed, spaced out or punctuated between its letters and digits, in any
+case, and hex, ``%xx``/``\\xNN``-escaped or base64-encoded (at any alignment inside a longer
+base64 text), each also of the reversed value. Storage URLs are shown through :func:`redact_url`
+(user and password masked).
 
 The registry is process-wide on purpose: one place for the decision, and nothing to thread
 through every call (:data:`SECRETS`; a separate :class:`Redactor` serves tests). Secrets shorter
@@ -22,6 +26,7 @@ than :data:`MIN_LENGTH` characters are not registered: they would blank out ordi
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import html
 import json
@@ -31,7 +36,7 @@ import sys
 import threading
 from enum import Enum
 from typing import Any, Iterable, Mapping, TextIO
-from urllib.parse import parse_qsl, quote, unquote, urlsplit
+from urllib.parse import parse_qsl, quote, quote_plus, unquote, urlsplit
 
 MIN_LENGTH = 6
 MASK = "***"
@@ -42,11 +47,55 @@ SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.IGNORECAS
 _NOT_SECRET = re.compile(r"[a-z_-]+|[0-9.]+|(?i:true|false|none|null|yes|no|on|off)")
 
 
-def _forms(value: str) -> set[str]:
+def _escaped(value: str) -> set[str]:
     """``value`` and the escaped forms it takes in JSON, repr, HTML and URLs."""
-    forms = {value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1], repr(value)[1:-1],
-             html.escape(value), html.escape(value, quote=False), quote(value, safe="")}
+    return {value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1], repr(value)[1:-1],
+            html.escape(value), html.escape(value, quote=False), quote(value, safe=""), quote_plus(value)}
+
+
+def _base64_pieces(data: bytes) -> set[str]:
+    """The base64 text ``data`` always yields inside a longer base64 string, at each of the three
+    byte alignments it can have there (standard and URL-safe alphabets): the characters no
+    neighbouring byte takes part in."""
+    pieces = set()
+    for skip in range(3):
+        total_bits = 8 * (skip + len(data))
+        first, end = (8 * skip + 5) // 6, total_bits // 6
+        for encode in (base64.b64encode, base64.urlsafe_b64encode):
+            pieces.add(encode(b"\0" * skip + data).decode("ascii")[first:end])
+    return pieces
+
+
+def _forms(value: str) -> set[str]:
+    """``value`` and the forms a candidate or a model could turn it into, for it and for its
+    reversal: the escaped forms, hex (also as ``%xx`` and ``\\xNN`` escapes) and base64 (matched
+    without regard to case, so upper-case hex and a case-changed value are caught too)."""
+    forms: set[str] = set()
+    for text in (value, value[::-1]):
+        data = text.encode("utf-8")
+        forms |= _escaped(text) | _base64_pieces(data)
+        forms |= {data.hex(), "".join(f"%{b:02x}" for b in data), "".join(f"\\x{b:02x}" for b in data)}
     return {f for f in forms if len(f) >= MIN_LENGTH}
+
+
+#: Between two characters of a secret written out with separators: up to this many characters
+#: that are neither letters nor digits (``s-k k f t e s t``, ``s.k.k.f``, one per comment line).
+SEPARATOR_RUN = 8
+
+
+_SEPARATORS = re.compile(r"[\W_]+")
+
+
+def _spaced(value: str) -> set[str]:
+    """Regular expressions of ``value`` and of its reversal written with separators between their
+    letters and digits (:data:`SEPARATOR_RUN`), for values with at least :data:`MIN_LENGTH` of
+    them: a secret spaced out or punctuated (``s k - k f t e s t``) is still that secret."""
+    patterns = set()
+    for text in (value, value[::-1]):
+        letters = [c for c in text if c.isalnum()]
+        if len(letters) >= MIN_LENGTH:
+            patterns.add(f"[\\W_]{{0,{SEPARATOR_RUN}}}".join(re.escape(c) for c in letters))
+    return patterns
 
 
 class Redactor:
@@ -57,6 +106,9 @@ class Redactor:
     def __init__(self, *secrets: str | None):
         self._lock = threading.Lock()
         self._secrets: set[str] = set()
+        self._spaced: set[str] = set()
+        self._lowered: tuple[str, ...] = ()
+        self._skeletons: frozenset[str] = frozenset()
         self._ordered: tuple[str, ...] = ()
         self._pattern: re.Pattern[str] | None = None
         for secret in secrets:
@@ -66,14 +118,20 @@ class Redactor:
         """Never show ``value`` again (no-op for a non-string, an empty or a very short value)."""
         if not isinstance(value, str) or len(value) < MIN_LENGTH:
             return
-        forms = _forms(value)
+        forms, spaced = _forms(value), _spaced(value)
         with self._lock:
-            if forms <= self._secrets:
+            if forms <= self._secrets and spaced <= self._spaced:
                 return
             self._secrets |= forms
-            # Longest first, so a secret containing another is masked whole.
+            self._spaced |= spaced
+            # Longest first, so a secret containing another is masked whole; the spaced forms
+            # after the plain ones. Case is ignored: a case-changed secret is still the secret.
             self._ordered = tuple(sorted(self._secrets, key=len, reverse=True))
-            self._pattern = re.compile("|".join(re.escape(s) for s in self._ordered))
+            self._lowered = tuple(sorted({form.lower() for form in self._secrets}))
+            self._skeletons = self._skeletons | {_SEPARATORS.sub("", t).lower() for t in (value, value[::-1])
+                                                 if spaced}
+            alternatives = [re.escape(s) for s in self._ordered] + sorted(self._spaced, key=len, reverse=True)
+            self._pattern = re.compile("|".join(alternatives), re.IGNORECASE)
 
     def redact(self, text: Any) -> Any:
         """``text`` with every registered secret masked; anything but a plain string (or a str
@@ -86,8 +144,19 @@ class Redactor:
         pattern = self._pattern
         if pattern is None or not isinstance(text, str) or isinstance(text, Enum):
             return text
-        masked = pattern.sub(MASK, text) if pattern.search(text) else text
+        masked = pattern.sub(MASK, text) if self._present(text) else text
         return self._mask_edges(masked)
+
+    def _present(self, text: str) -> bool:
+        """Whether ``text`` may hold a registered form: plain substring searches of its lower-case
+        text, and of that text without separators for the spaced forms (fast where the pattern
+        itself, many alternatives matched without regard to case, would be slow on a long
+        source); the pattern then masks what is really there."""
+        lowered = text.lower()
+        if any(form in lowered for form in self._lowered):
+            return True
+        squeezed = _SEPARATORS.sub("", lowered) if self._skeletons else ""
+        return any(skeleton in squeezed for skeleton in self._skeletons)
 
     def _mask_edges(self, text: str) -> str:
         for secret in self._ordered:

@@ -24,52 +24,9 @@ from kernelforge.execute.worker.executor import WorkerExecutor
 from kernelforge.execute.timing.rounds import TimingPlan
 from kernelforge.objective import time_ratio
 from kernelforge.result import Status, StoredResult, Timing
+from kf_simulated_gpu import SimulatedGpu
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kernels"
-
-
-class SimulatedGpu(CudaDevice):
-    """``CudaDevice.time`` as written, over a simulated GPU: every event-timed call takes
-    ``call_s`` on the GPU and ``launch_s`` on the host to enqueue, a graph replay takes ``call_s``
-    minus the launch overhead, and capture fails when ``capturable`` is False (a call that
-    synchronises the host)."""
-
-    def __init__(self, call_s: float, capturable: bool = True, launch_s: float = 3e-6):
-        super().__init__(warmup=1, rounds=1, calls_per_round=5)
-        self.call_s, self.capturable, self.launch_s = call_s, capturable, launch_s
-        self.spins: list[float] = []
-
-    def _spin(self, seconds):
-        self.spins.append(seconds)
-
-    def _launch_samples(self, calls, count):
-        for i in range(count):
-            self._prepare_call()
-            calls[i % len(calls)]()
-        return [self.launch_s] * count
-
-    def synchronize(self) -> None:
-        pass
-
-    def _l2_bytes(self) -> int:
-        return 64 * 2**20
-
-    def _flush_l2(self) -> None:
-        pass
-
-    def gpu_name(self) -> str:
-        return "simulated GPU"
-
-    def _event_samples(self, calls, count, flush):
-        for i in range(count):
-            self._prepare_call()
-            calls[i % len(calls)]()
-        return [self.call_s] * count
-
-    def _time_graph(self, calls):
-        if not self.capturable:
-            raise RuntimeError("operation not permitted when stream is capturing")
-        return Timing(self.call_s - 5e-6, self.call_s - 5e-6, self.call_s - 5e-6, 20, GRAPH, "simulated graph")
 
 
 def _time(device: CudaDevice, method: str | None = None) -> Timing:

@@ -59,10 +59,10 @@ def test_a_worker_left_holding_a_candidates_memory_is_retired(monkeypatch):
     """Issue 29: a candidate that keeps memory alive in its module (here 40 MB more on every call) would
     shrink every later candidate's limit in a long-lived worker: the trusted side reads the
     worker's resident memory after each candidate and retires a worker that grew too much."""
-    from kernelforge.execute.worker import executor as worker_module
+    from kernelforge.execute.worker import memory_watch
     from kernelforge.execute.worker.executor import WorkerExecutor
 
-    monkeypatch.setattr(worker_module, "RETIRE_MEMORY_GROWTH", 150 * 2**20)
+    monkeypatch.setattr(memory_watch, "RETIRE_MEMORY_GROWTH", 150 * 2**20)
     hog = "import torch\n" + HONEST.replace("def run(x, y, alpha, out):\n", "_KEEP = []\n\n\ndef run(x, y, alpha, out):\n"
                                             "    _KEEP.append(torch.ones(10 * 2**20, dtype=torch.float32))\n")
     shapes = AXPY.shapes("smoke")[:1]

@@ -39,6 +39,9 @@ class GpuPattern(Device):
     def prepare(self) -> None:
         InterpretDevice().prepare()
 
+    def round_preparations(self, n_sets: int) -> int:
+        return self.warmup + 5 + (n_sets if self.graph else 0)
+
     def _prepare(self, before) -> None:
         before(self.count)
         self.count += 1

@@ -49,7 +49,7 @@ from typing import Any, Mapping
 import torch
 
 from kernelforge.shipped import ShippedPath
-from kernelforge.block import Block, Counts, Shape, generator, random_tensor
+from kernelforge.block import Block, Counts, Shape, Tolerance, generator, random_tensor
 from kernelforge.profiles import BATCHES
 from kernelforge.profiles import PROFILES as WORKLOADS
 
@@ -131,6 +131,18 @@ JUNK_PAGES = 2
 
 #: Pages drawn per random_tensor call (bounds the fp32 temporaries of the largest presets).
 _DRAW_PAGES = 4096
+
+
+#: The bf16 tolerance of MLA decode, tighter than bf16's default (2e-2 / 4e-2 / 4e-2) so that a
+#: kernel storing V (or the latent cache) in fp8 is caught with a wide margin, not a thin one
+#: (issue 29: 2.5-2.8% against 2%). Chosen from the errors measured against the fp32 reference,
+#: interpreter, smoke and check shapes, 3 distributions, 2 seeds (24 runs each): the baseline's
+#: relative norm error is 0.0003-0.0018 and its worst element 0.0021-0.0040 (in units of
+#: rms(ref) + |ref|); with V rounded to fp8 (e4m3's 3 mantissa bits) they are 0.024-0.028 and
+#: 0.040-0.116. The bounds sit near the geometric middle: the baseline's worst is 3.4x (norm) and
+#: 3x (element) below them, the fp8 kernel's best 4x and 3.3x above. The bf16 output's own
+#: rounding (2^-9 relative) is far below both.
+BF16_TOLERANCE = Tolerance(rel_norm=6e-3, atol=1.2e-2, rtol=1.2e-2)
 
 
 def table_width(s_max: int) -> int:
@@ -251,6 +263,13 @@ class MlaDecodeAttention(Block):
 
     def make_output(self, shape: Shape, dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
         return torch.empty((shape["B"], shape["H"], D_LATENT), dtype=dtype, device=device)
+
+    def tolerance(self, dtype: torch.dtype, device_type: str) -> Tolerance:
+        """bf16: :data:`BF16_TOLERANCE`, chosen from the honest kernels' own errors; fp16 and
+        the rest: the dtype's (fp8 rounding of V there is 0.024 against 2e-3 already)."""
+        if dtype == torch.bfloat16:
+            return BF16_TOLERANCE
+        return super().tolerance(dtype, device_type)
 
     def reference(
         self,

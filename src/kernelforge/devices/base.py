@@ -39,7 +39,17 @@ candidate on. Its contract, which every device keeps:
   ``prepares_every_call``
       whether ``time`` runs ``before(i)`` right before call ``i`` in every phase on one input
       set, so that every call of a round can be verified (a GPU's timed loops and graph replays
-      do not).
+      do not);
+  ``round_preparations(n_sets)``
+      the most preparations (``before`` calls) one ``time`` round makes on ``n_sets`` input sets:
+      the harness copies aside the results of every call of a round (within a memory budget) and
+      verifies a draw of them made after the round, so it must know how many calls there can be;
+  ``process_memory(pid)`` and ``memory_held()``
+      the device memory of its own (a GPU's) that process ``pid`` holds, read from outside it
+      (the trusted side), and that this process's allocator holds (the worker, when a
+      candidate's session ends); None where the device's memory is the host's (the worker's
+      resident and virtual size are watched instead) or cannot be read. A worker that grew past a
+      limit is retired (:mod:`kernelforge.execute.worker.memory_watch`).
 
   ``tests/devices/test_device_contract.py`` runs the contract on every device, and on a skeleton
   device that shows what a new one (a ROCm GPU, say) must provide (docs/devices.md).
@@ -97,6 +107,22 @@ class Device(ABC):
     address_space_limit: bool = True
     rotates_input_sets: bool = False
     prepares_every_call: bool = True
+
+    def round_preparations(self, n_sets: int) -> int:
+        """The most times :meth:`time` runs ``before`` in one round on ``n_sets`` input sets (see
+        the module docstring). This default is a device that prepares each of ``warmup`` then
+        ``repeats`` calls once (the interpreter's pattern); a device with more phases says so."""
+        return int(getattr(self, "warmup", 0) or 0) + int(getattr(self, "repeats", 0) or 0)
+
+    def process_memory(self, pid: int) -> int | None:
+        """Bytes of this device's own memory process ``pid`` holds, read from outside it (None:
+        none of its own, or not readable; see the module docstring)."""
+        return None
+
+    def memory_held(self) -> int | None:
+        """Bytes of this device's own memory this process's allocations hold (None: none of its
+        own; see the module docstring)."""
+        return None
 
     def prepare(self) -> None:
         """Make the device usable in this process (before any candidate module is loaded)."""

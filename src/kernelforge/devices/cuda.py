@@ -120,6 +120,25 @@ class CudaDevice(Device):
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.index)
 
+    def process_memory(self, pid: int) -> int | None:
+        """GPU memory process ``pid`` holds, from NVML (None without it, or where NVML's PIDs are
+        another namespace's)."""
+        return self._nvml.process_memory(pid) if self._nvml is not None else None
+
+    def memory_held(self) -> int | None:
+        """GPU memory held by live tensors of this process (torch's caching allocator), after a
+        garbage collection: what a candidate's module keeps alive once its session ended."""
+        import gc
+
+        gc.collect()
+        return int(torch.cuda.memory_allocated(self.index))
+
+    def round_preparations(self, n_sets: int) -> int:
+        """Warm-up, the launch, probe and drain samples (5 each), then either the timed rounds
+        (at most ``calls_per_round`` calls each, 5 at least) or one preparation per set before a
+        graph capture (:meth:`time`)."""
+        return self.warmup + 3 * 5 + max(self.rounds * max(5, self.calls_per_round), n_sets)
+
     def _l2_bytes(self) -> int:
         props = torch.cuda.get_device_properties(self.index)
         return int(getattr(props, "L2_cache_size", 0) or 64 * 2**20)

@@ -62,6 +62,22 @@ class Nvml:
         except Exception:
             return None
 
+    def process_memory(self, pid: int) -> int | None:
+        """Bytes of this GPU's memory process ``pid`` holds, as NVML lists its compute processes,
+        or None when NVML does not answer or does not list ``pid`` (a process in another PID
+        namespace, or one with no CUDA context yet)."""
+        if self.handle is None:
+            return None
+        try:
+            listed = self.nvml.nvmlDeviceGetComputeRunningProcesses(self.handle)
+        except Exception:
+            return None
+        for process in listed:
+            if getattr(process, "pid", None) == pid:
+                used = getattr(process, "usedGpuMemory", None)
+                return int(used) if isinstance(used, int) and used >= 0 else None
+        return None
+
     def facts(self) -> dict[str, Any]:
         """Driver version and clocks, those NVML answers (empty without NVML), and ``energy``:
         where joules come from, or why there are none."""

@@ -11,11 +11,12 @@ call, outside the timed region (:meth:`kernelforge.devices.base.Device.time`):
 - every output gets fresh poison, exactly as before a verification call, so a candidate that
   skips the work when its output does not arrive poisoned is left with poison; the first call
   after a preparation runs on the set just prepared, whatever index the device's loop gives;
-- after each call the trusted side chose to verify (every call of the round in the interpreter;
-  on a GPU one warm-up call it drew at random, so the candidate cannot know it), the outputs and
-  in-place inputs of that call are copied aside, at the next preparation (or when timing ends),
-  outside the timed region. The trusted side compares each copy with its own reference of the
-  inputs as they were at that call: a timed call is a verified call;
+- after every call the trusted side asked to have copied (every call of the round, within a
+  memory budget), the outputs and in-place inputs of that call are copied aside, at the next
+  preparation (or when timing ends), outside the timed region. After the round the trusted side
+  draws which copies to verify (all of them in the interpreter), so no count of calls tells the
+  candidate which call is looked at, and compares each with its own reference of the inputs as
+  they were at that call: a timed call is a verified call;
 - after every call, at the next preparation (or when timing ends), the number of output elements
   that still hold the poison is recorded for that call (``unwritten``): a call that skipped its
   work, on any call of any loop of the device, leaves poison, and the trusted side names it.
@@ -149,6 +150,11 @@ class _Round:
             # device's loop index names (CudaDevice's later loops restart their index while the
             # preparations go on counting): a call never finds a set it did not poison and touch.
             which, self.fresh = self.fresh, None
+        elif self.pending is not None and self.pending[1] == which and self.job.inplace:
+            # A call with no preparation (a graph capture, the energy round) on the set whose copy
+            # is pending updates its in-place inputs once more: the copy, made later, would not be
+            # the prepared call's results. It is not made (the trusted side draws among those made).
+            self.pending = None
         self.run(**self.job.sets[which])
         if self.armed is not None:
             self.pending, self.armed = (self.armed, which), None

@@ -1,8 +1,9 @@
 """The trusted side's checks of a timing round (:class:`~kernelforge.execute.timing.rounds.TimedRound`).
 
-- **The verified timed calls.** The outputs of the verified calls of the round (every call in the
-  interpreter; one warm-up call drawn at random on a GPU:
-  :func:`~kernelforge.execute.timing.rounds.verified_calls`) were copied aside; each is compared with
+- **The verified timed calls.** The outputs of the round's calls were copied aside (every call,
+  within a memory budget: :func:`~kernelforge.execute.timing.rounds.copied_calls`), and the copies to
+  verify were drawn after the round ran (every one in the interpreter; a random draw of them on a
+  GPU: :func:`~kernelforge.execute.timing.rounds.drawn_checks`); each is compared with
   the reference of the inputs as they were at that call, which the trusted side rebuilds by
   replaying the round's deterministic preparations
   (:func:`~kernelforge.execute.timing.calls.touch_inputs`, the in-place resets) on its pristine
@@ -91,7 +92,8 @@ def with_figures(timing: Timing, done: TimedRound) -> Timing:
     """``timing`` with the trusted side's figures of its round in ``extra``: its wall clock, the
     reported total of the timed calls and which call was verified (1-based)."""
     extra = {**timing.extra, "round_wall_s": done.wall_s, "round_cpu_s": done.cpu_s, "reported_total_s": timing.median_s * timing.samples,
-             "verified_calls": [index + 1 for index in done.verified]}
+             "verified_calls": [done.verified[k] + 1 for k in done.checked],
+             "copied_calls": sum(which is not None for which in done.copied_sets)}
     return dataclasses.replace(timing, extra=extra)
 
 
@@ -105,7 +107,11 @@ def check_round(block: Block, shape: Shape, dtype: torch.dtype, device: Device, 
         return Verification(done.report.status or Status.RUNTIME_ERROR, message=f"{name}: {prefix}{done.report.message}",
                             traceback=done.report.traceback)
     spec = Outputs.of(block, sets[0].shared, sets[0].outputs)
-    for index, copied in zip(done.verified, done.copied_sets):
+    if not done.checked:
+        return Verification(Status.REJECTED, message=f"{name}: no call of the timing round was copied aside for "
+                                                     "verification")
+    for k in done.checked:
+        index, copied = done.verified[k], done.copied_sets[k]
         if copied is None or not 0 <= copied < len(sets) or done.prepared < index + 1:
             return Verification(Status.REJECTED, message=f"{name}: the timed call chosen for verification (call "
                                                          f"{index + 1}) was never made")
@@ -119,8 +125,8 @@ def check_round(block: Block, shape: Shape, dtype: torch.dtype, device: Device, 
     if left is not None:
         return Verification(Status.WRONG, message=f"{name} (timed call {left[0] + 1} of {done.prepared}): "
                                                   f"{left[1]} output element(s) left unwritten while timed")
-    for index, copied, aside, before in zip(done.verified, done.copied_sets, done.aside,
-                                            done.inplace_before or ({},) * len(done.verified)):
+    for k, aside, before in zip(done.checked, done.aside, done.inplace_before or ({},) * len(done.checked)):
+        index, copied = done.verified[k], done.copied_sets[k]
         assert copied is not None
         state = replayed_inputs(sets[copied], copied, len(sets), index, spec.inplace)
         state.update({k: v.clone() for k, v in before.items()})

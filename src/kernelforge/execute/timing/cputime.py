@@ -63,3 +63,13 @@ def resident_bytes(pid: int) -> int | None:
         return int(text.split()[1]) * os.sysconf("SC_PAGE_SIZE") if text else None
     except (ValueError, IndexError, OSError):
         return None
+
+
+def virtual_bytes(pid: int) -> int | None:
+    """The virtual size of process ``pid`` in bytes (``/proc/PID/statm``: what counts against an
+    address-space limit), or None where the kernel does not say."""
+    text = _read(f"/proc/{pid}/statm")
+    try:
+        return int(text.split()[0]) * os.sysconf("SC_PAGE_SIZE") if text else None
+    except (ValueError, IndexError, OSError):
+        return None

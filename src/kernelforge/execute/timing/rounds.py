@@ -4,8 +4,9 @@ wall clock around it.
 The device times the calls (:meth:`kernelforge.devices.base.Device.time`) where the candidate runs
 (:mod:`kernelforge.execute.timing.calls`); this module makes the round: freshly generated input sets
 (rotated so the L2 cache never holds the inputs, outputs allocated once per set), placed in memory
-shared with the runner while the trusted side keeps pristine private copies; the call of the round
-whose outputs are copied aside for verification, drawn at random (:func:`time_round`); and the
+shared with the runner while the trusted side keeps pristine private copies; the calls of the
+round whose outputs are copied aside (every call, within a memory budget: :func:`copied_calls`)
+and which of those copies are verified, drawn after the round ran (:func:`drawn_checks`); and the
 trusted side's own wall clock around the round, which :mod:`kernelforge.execute.timing.check`
 holds the reported figures against; and the timing method of each shape (:class:`TimingPlan`),
 decided once from the baseline and carried to the device in every round of that shape.
@@ -53,11 +54,12 @@ class TimedRound:
     """What one timing round gave the trusted side: the runner's ``timing`` and ``report``, the
     trusted ``wall_s`` around the round and the CPU time ``cpu_s`` the running process spent in it
     (None: unknown), how many calls the runner ``prepared``, the ``verified`` preparations whose
-    calls were copied aside (``copied_sets[k]``: from which input set; None: never made), private
-    copies of those calls' results (``aside[k]``: outputs and in-place inputs) and, for a block
-    that does not reset its in-place inputs, of those inputs before each (``inplace_before[k]``),
-    and ``unwritten[i]``: how many output elements the call after preparation ``i`` left poisoned
-    (-1: not recorded)."""
+    calls were copied aside (``copied_sets[k]``: from which input set; None: never made), the
+    positions in ``verified`` of the copies drawn for verification after the round
+    (``checked``), private copies of those calls' results (``aside[j]`` for ``checked[j]``:
+    outputs and in-place inputs) and, for a block that does not reset its in-place inputs, of those
+    inputs before each (``inplace_before[j]``), and ``unwritten[i]``: how many output elements the
+    call after preparation ``i`` left poisoned (-1: not recorded)."""
 
     timing: Timing | None
     report: CallReport
@@ -69,6 +71,7 @@ class TimedRound:
     aside: tuple[dict[str, torch.Tensor], ...]
     inplace_before: tuple[dict[str, torch.Tensor], ...]
     unwritten: tuple[int, ...] = ()
+    checked: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -118,22 +121,45 @@ def input_set_count(counts: Counts, device: Device) -> int:
 
 #: How many calls of a round get their unwritten outputs counted (more than any device makes).
 UNWRITTEN_CAPACITY = 4096
+#: The memory one round may spend on copies of its calls' results (outputs and in-place inputs,
+#: and those inputs before the call where a block does not reset them), set aside for the
+#: trusted side. Within it every call of the round is copied; beyond it, a share drawn at random.
+SNAPSHOT_MEMORY_BUDGET = 2 * 2**30
+#: On a device that does not prepare every call on one input set (a GPU), how many of the copied
+#: calls the trusted side verifies against its reference, drawn after the round ran. A candidate
+#: that fakes a share ``f`` of its calls escapes all of them with probability about ``(1-f)**8``
+#: on each shape (under 0.4% where it fakes half of them, which it must to move a median).
+VERIFIED_DRAWS = 8
 
 
-def verified_calls(device: Device, rng: random.Random | None = None) -> tuple[int, ...]:
-    """The preparations of a round whose calls are copied aside and verified in full. In the
-    interpreter, every call of the round (warm-up and timed: one input set, prepared before
-    each): a candidate that skips or fakes any call is caught, whatever it counts. On a GPU one
-    call drawn with ``rng`` (default: the system's randomness, which nothing in the candidate's
-    process can know) among the warm-up calls, the calls the device always makes right after
-    preparing that same input set (later loops may call another set, and CUDA-graph replays run no
-    host code); every call of every loop there still has its unwritten outputs counted
-    (:class:`~kernelforge.execute.timing.calls.TimingJob`), and the last call on each input set is
-    verified after the round (:func:`~kernelforge.execute.timing.check.check_round`)."""
-    warmup = int(getattr(device, "warmup", 0) or 0)
-    if device.prepares_every_call:
-        return tuple(range(max(1, warmup + int(getattr(device, "repeats", 0) or 0))))
-    return ((rng or random.SystemRandom()).randrange(max(1, warmup)),)
+def copied_calls(device: Device, n_sets: int, call_bytes: int, rng: random.Random | None = None) -> tuple[int, ...]:
+    """The preparations of a round whose calls are copied aside (outside the timed region: see
+    :mod:`~kernelforge.execute.timing.calls`). Every preparation the device may make
+    (:meth:`~kernelforge.devices.base.Device.round_preparations`: warm-up, timed loops, probes
+    alike) when copies of all of them fit :data:`SNAPSHOT_MEMORY_BUDGET` (``call_bytes`` a copy);
+    otherwise as many as fit, drawn with ``rng`` (default: the system's randomness, which nothing
+    in the candidate's process can know) over the whole round, so no phase is spared. Which of the
+    copies is verified is drawn only after the round (:func:`drawn_checks`)."""
+    total = max(1, int(device.round_preparations(n_sets)))
+    fit = SNAPSHOT_MEMORY_BUDGET // max(int(call_bytes), 1)
+    if total <= fit:
+        return tuple(range(total))
+    return tuple(sorted((rng or random.SystemRandom()).sample(range(total), max(1, int(fit)))))
+
+
+def drawn_checks(device: Device, copied: tuple[int, ...], copied_sets: tuple[int | None, ...],
+                 rng: random.Random | None = None) -> tuple[int, ...]:
+    """The positions (in ``copied``) of the copies the trusted side verifies, drawn after the round
+    ran, among the copies that were made (``copied_sets[k]`` not None: a device's back-to-back
+    preparations before a graph capture leave some without a call). In the interpreter, every
+    copy (it prepares before every call on one set, and its rounds are a few calls); on a GPU
+    :data:`VERIFIED_DRAWS` of them, drawn with ``rng`` (default: the system's randomness). Since
+    the draw comes after the calls, no count of calls tells a candidate which of them will be
+    looked at: warm-up, timed loops and probes are alike."""
+    made = [k for k, which in enumerate(copied_sets) if which is not None]
+    if device.prepares_every_call or len(made) <= VERIFIED_DRAWS:
+        return tuple(made)
+    return tuple(sorted((rng or random.SystemRandom()).sample(made, VERIFIED_DRAWS)))
 
 
 def make_timing_sets(block: Block, shape: Shape, dtype: torch.dtype, device: Device, runner: Runner) -> list[TimingSet]:
@@ -155,22 +181,27 @@ def time_round(block: Block, entry: Entry, shape: Shape, dtype: torch.dtype, dev
                *, rng: random.Random | None = None, method: str | None = None) -> TimedRound:
     """One timing round of ``entry`` on ``sets``, with the trusted side's wall clock around it.
 
-    The verified calls are :func:`verified_calls` (``rng`` draws where not every call is). Their
-    outputs and in-place inputs are copied into shared buffers poisoned here, and read back
-    privately afterwards, with the count of what every call left unwritten.
-    ``method`` is the shape's fixed timing method (:class:`TimingPlan`); a timing that comes back
-    with another one is no timing: the round's report says why (``rejected``).
+    The calls copied aside are :func:`copied_calls` (every call of the round within the memory
+    budget). Their outputs and in-place inputs are copied into shared buffers poisoned here;
+    after the round the copies to verify are drawn (:func:`drawn_checks`, with ``rng`` where not
+    every copy is verified) and only those are read back privately, with the count of what every
+    call left unwritten. ``method`` is the shape's fixed timing method (:class:`TimingPlan`); a
+    timing that comes back with another one is no timing: the round's report says why
+    (``rejected``).
     """
     runner = entry.runner
     spec = Outputs.of(block, sets[0].shared, sets[0].outputs)
-    verified = verified_calls(device, rng)
     like = spec.watched(sets[0].shared, sets[0].outputs)
+    kept = [] if block.inplace_reset else list(spec.inplace)
+    call_bytes = sum(t.numel() * t.element_size() for t in like.values()) + sum(
+        sets[0].shared[name].numel() * sets[0].shared[name].element_size() for name in kept)
+    verified = copied_calls(device, len(sets), call_bytes, rng)
     aside = tuple({name: runner.share(tensor, values=False) for name, tensor in like.items()} for _ in verified)
     for buffers in aside:
         for tensor in buffers.values():
             poison(tensor)
-    before = tuple({} if block.inplace_reset else {name: runner.share(sets[0].shared[name], values=False)
-                                                   for name in spec.inplace} for _ in verified)
+    before = tuple({name: runner.share(sets[0].shared[name], values=False) for name in kept} if kept else {}
+                   for _ in verified)
     unwritten = runner.share(torch.full((UNWRITTEN_CAPACITY,), -1, dtype=torch.int64, device=device.torch_device))
     job = TimingJob(tuple({**s.shared, **s.outputs} for s in sets), spec.names, spec.inplace, block.inplace_reset,
                     verified, aside, before, int(block.counts(shape, dtype).bytes), method, unwritten)
@@ -192,10 +223,11 @@ def time_round(block: Block, entry: Entry, shape: Shape, dtype: torch.dtype, dev
     if timing is not None and method is not None and timing.method != method:
         timing, report = None, CallReport(Status.REJECTED, f"timed with {timing.method!r}, but this shape's method is "
                                                            f"{method!r} (its baseline's): not comparable")
+    checked = drawn_checks(device, verified, answer.copied_sets, rng)
     return TimedRound(timing, report, wall, cpu, answer.prepared, verified, answer.copied_sets,
-                      tuple({name: runner.snapshot(t) for name, t in buffers.items()} for buffers in aside),
-                      tuple({name: runner.snapshot(t) for name, t in buffers.items()} for buffers in before),
-                      tuple(int(v) for v in runner.snapshot(unwritten)[:max(answer.prepared, 0)].tolist()))
+                      tuple({name: runner.snapshot(t) for name, t in aside[k].items()} for k in checked),
+                      tuple({name: runner.snapshot(t) for name, t in before[k].items()} for k in checked),
+                      tuple(int(v) for v in runner.snapshot(unwritten)[:max(answer.prepared, 0)].tolist()), checked)
 
 
 def time_candidate(block: Block, run: RunFn | Entry, shape: Shape, dtype: torch.dtype, device: Device, counts: Counts,

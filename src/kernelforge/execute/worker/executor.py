@@ -48,16 +48,16 @@ import torch
 
 from kernelforge.block import Block, Shape
 from kernelforge.errors import UserError
-from kernelforge.execute.timing.cputime import resident_bytes
 from kernelforge.execute.evaluate import evaluate, pair_speedups
 from kernelforge.execute.judge.held_out import HeldOutDraw
-from kernelforge.policy.wall import refusal
-from kernelforge.sandbox.roles import default_memory_limit, sandbox_plan
 from kernelforge.execute.timing.rounds import TimingPlan
+from kernelforge.execute.worker.memory_watch import RETIRE_ADDRESS_SPACE_GROWTH, MemoryReading, retire_reason
 from kernelforge.execute.worker.process import WorkerGone, WorkerProcess
 from kernelforge.execute.worker.protocol import Init, Probe, Probed, Ready
 from kernelforge.execute.worker.runner import WorkerRunner
+from kernelforge.policy.wall import refusal
 from kernelforge.result import Evaluation, Status, Verification
+from kernelforge.sandbox.roles import default_memory_limit, sandbox_plan
 
 #: Seconds a worker may take to start (import torch and triton, prepare the device).
 STARTUP_TIMEOUT = 180.0
@@ -67,9 +67,6 @@ COMPILE_TIMEOUT = 120.0
 #: timed shape. Interpreter shapes of the shipped blocks take 0.3-3 s per step, GPU ones well
 #: under a minute.
 RUN_TIMEOUT = 300.0
-#: Resident memory a worker may gain while serving candidates before it is retired (issue 29: a
-#: candidate kept 8 GiB alive in a module and the next candidates ran under what was left).
-RETIRE_MEMORY_GROWTH = 2 * 2**30
 
 
 def _seconds(variable: str, default: float) -> float:
@@ -107,8 +104,9 @@ class WorkerExecutor:
     """Evaluates candidates in a worker process (see the module docstring).
 
     ``device`` is the search's device (its class and settings are rebuilt in the worker). Time
-    limits are in seconds; ``memory_limit`` in bytes (None: :func:`default_memory_limit`; 0: none;
-    never applied on ``cuda``). ``extra_secrets`` names more environment variables to withhold.
+    limits are in seconds; ``memory_limit`` in bytes, each candidate's (None:
+    :func:`default_memory_limit`; 0: none; never applied on ``cuda``). ``extra_secrets`` names more
+    environment variables to withhold.
     The worker starts on the first request and is reused until it fails or :meth:`close`.
     Default limits can be set with ``$KERNELFORGE_COMPILE_TIMEOUT``, ``$KERNELFORGE_RUN_TIMEOUT``
     (seconds) and ``$KERNELFORGE_WORKER_MEMORY_GB``.
@@ -134,14 +132,17 @@ class WorkerExecutor:
         if threads is None:
             threads = torch.get_num_threads()  # as many as the search itself uses (tests: 1)
         self.threads = threads
-        self._process = WorkerProcess(_init(device, threads), memory_limit=self.memory_limit,
+        # The worker's address-space limit is the candidate's plus what an earlier candidate may
+        # leave behind before the worker is retired (memory_watch): each candidate has its whole limit.
+        limit = self.memory_limit + RETIRE_ADDRESS_SPACE_GROWTH if self.memory_limit else None
+        self._process = WorkerProcess(_init(device, threads), memory_limit=limit,
                                       extra_secrets=tuple(extra_secrets), startup_timeout=startup_timeout,
                                       shared_arena=torch.device(device.torch_device).type == "cpu")
         #: a request is in flight (an interrupted request leaves the pipes mid-conversation)
         self._busy = False
         #: workers started so far (tests and progress read it)
         self.starts = 0
-        self._rss_at_start: int | None = None  # the worker's resident memory when it started
+        self._at_start = MemoryReading(None, None)  # what the worker held when it started
 
     # -- the executor protocol ---------------------------------------------------------------------
 
@@ -180,20 +181,20 @@ class WorkerExecutor:
                 self._kill()
             self.starts += 1
             self._process.start()
-            pid = self._process.pid
-            self._rss_at_start = None if pid is None else resident_bytes(pid)
+            self._at_start = self._memory()
         return self._process
 
     def _holds_memory(self) -> str | None:
         """Why the worker must retire because of the memory a candidate left alive in it (None:
-        it need not): its resident memory grew by over :data:`RETIRE_MEMORY_GROWTH` since it
-        started, read from ``/proc`` here. A fresh worker then serves the next candidate, so the
-        memory limit is each candidate's own."""
-        pid, start = self._process.pid, self._rss_at_start
-        now = None if pid is None else resident_bytes(pid)
-        if start is None or now is None or now - start <= RETIRE_MEMORY_GROWTH:
-            return None
-        return f"it holds {(now - start) / 2**30:.1f} GiB more than when it started"
+        it need not): its resident or virtual size, or the device memory it holds, grew past
+        :mod:`~kernelforge.execute.worker.memory_watch`'s limits since it started, read from outside it.
+        A fresh worker then serves the next candidate, so each candidate has the worker's limits
+        to itself."""
+        return retire_reason(self._at_start, self._memory())
+
+    def _memory(self) -> MemoryReading:
+        arena = self._process.arena
+        return MemoryReading.of(self._process.pid, self.device, shared=arena.size if arena is not None else 0)
 
     def _kill(self) -> None:
         self._process.kill()
@@ -282,7 +283,7 @@ class WorkerExecutor:
         try:
             speedups = pair_speedups(block, baseline_source, candidate_source, shape, dtype, self.device, pairs,
                                      runner=runner, held_out=self._confirmation_draw(block, shape))
-            retire = runner.release()
+            retire = runner.release() or self._holds_memory()
         except WorkerGone:
             self._busy = False
             return []

@@ -49,10 +49,11 @@ def _make_device(init: Any) -> Any:
 def _health_check(device: Any) -> Callable[[], str | None]:
     """A function saying why this worker must no longer serve candidates (or None): a candidate
     changed it (patched a harness function, left a thread running, flipped the interpreter
-    switch), or the CUDA context is broken. Compared with the worker as it is now, clean."""
+    switch, kept device memory allocated), or the CUDA context is broken. Compared with the worker as it is now, clean."""
     import triton
 
     from kernelforge.execute.judge.harness import harness_changes, harness_snapshot
+    from kernelforge.execute.worker.memory_watch import device_growth_reason
 
     pristine = harness_snapshot()
     threads = threading.active_count()
@@ -62,6 +63,7 @@ def _health_check(device: Any) -> Callable[[], str | None]:
         return (os.environ.get("TRITON_INTERPRET"), getattr(getattr(knobs, "runtime", None), "interpret", None))
 
     settings = switches()
+    device_memory = device.memory_held()
 
     def healthy() -> str | None:
         changed = harness_changes(pristine)
@@ -71,6 +73,9 @@ def _health_check(device: Any) -> Callable[[], str | None]:
             return "a candidate left threads running"
         if switches() != settings:
             return "a candidate changed Triton's interpreter switch"
+        held = device_growth_reason(device_memory, device.memory_held())
+        if held is not None:
+            return held
         if device.fatal_errors is not None:  # a device whose errors can stick: surface one now
             try:
                 device.synchronize()
