@@ -1,0 +1,116 @@
+"""Optuna's stored studies after a kill loop (issue 33): ten SIGKILLs at random moments and a final
+run leave exactly the trials an uninterrupted run leaves, a faithful view of the store.
+
+"The same trials" means: for each stored study (by name), the finished trials, as the multiset of
+(state, point, kernelforge status), are equal between the interrupted job and the uninterrupted one;
+no trial is left RUNNING or WAITING; and every trial's value is the objective of its point computed
+from that job's own stored results (the time ratio to the baseline: interpreter timings differ
+between the two jobs, so the values are compared with each job's store, not with each other). TPE
+over the toy block's 9 points with a budget of 12 evaluates every point, so both jobs observe the
+same points.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import sqlite3
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from kernelforge.objective import by_candidate, time_ratio
+from kernelforge.store.store import Store
+from toy_job import CLI, toy_job
+
+pytestmark = [pytest.mark.interpreter, pytest.mark.skipif(__import__("importlib").util.find_spec("optuna") is None,
+                                                          reason="needs optuna")]
+
+DB = Path("reports") / "toy" / "kernelforge.db"
+
+
+def _search(folder: Path, job: Path, progress: str = "quiet") -> subprocess.Popen:
+    return subprocess.Popen([*CLI, "search", str(job), "--progress", progress, "--no-compile", "--no-report",
+                             "--in-process"], cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _tpe_job(folder: Path) -> Path:
+    folder.mkdir()
+    job = toy_job(folder, "toy", evaluations=12)  # more than the space's 9 points: every point is evaluated
+    job.write_text(job.read_text().replace('name = "grid"', 'name = "tpe"'))
+    return job
+
+
+def _finish(folder: Path, job: Path) -> None:
+    proc = _search(folder, job)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err
+
+
+def _objectives(db: Path) -> dict[tuple, float | None]:
+    """point (sorted params) -> its time ratio to the baseline, from the store's results."""
+    store = Store(f"sqlite:///{db}")
+    try:
+        candidates = store.candidates()
+        table = by_candidate(store.results())
+    finally:
+        store.close()
+    (baseline,) = [c.id for c in candidates if c.origin == "baseline"]
+    return {tuple(sorted(c.params.items())): time_ratio(table[c.id].values(), table[baseline]) for c in candidates}
+
+
+def _studies(db: Path) -> dict[str, Counter]:
+    """study name -> Counter of (state, point, status) of its trials; checks each value against the store."""
+    import optuna
+
+    url = f"sqlite:///{db}"
+    objectives = _objectives(db)
+    out = {}
+    for summary in optuna.get_all_study_summaries(storage=url):
+        counts: Counter = Counter()
+        for trial in optuna.load_study(study_name=summary.study_name, storage=url).get_trials():
+            point = tuple(sorted(trial.params.items()))
+            status = trial.user_attrs.get("kernelforge")
+            counts[(trial.state.name, point, status)] += 1
+            if status == "ok":
+                assert trial.user_attrs["value"] == pytest.approx(objectives[point]), (summary.study_name, point)
+        out[summary.study_name] = counts
+    return out
+
+
+def test_ten_random_sigkills_and_a_final_run_leave_the_trials_of_an_uninterrupted_run(tmp_path):
+    reference = tmp_path / "reference"
+    _finish(reference, _tpe_job(reference))
+    expected = _studies(reference / DB)
+    assert expected and all(sum(c.values()) == 9 for c in expected.values())  # one trial per point of the space
+
+    folder = tmp_path / "interrupted"
+    job = _tpe_job(folder)
+    rng = random.Random(20261206)
+    killed = 0
+    for attempt in range(10):
+        # A run spends ~2 s importing: every third kill at a random time, the others a random delay
+        # after a random progress event (baseline, an evaluation, a duplicate, the confirmation).
+        proc = _search(folder, job, progress="jsonl")
+        try:
+            if attempt % 3 == 0:
+                proc.wait(timeout=rng.uniform(0.5, 4.0))
+            else:
+                for _ in range(rng.randint(1, 8)):
+                    if not proc.stdout.readline():
+                        break
+                time.sleep(rng.uniform(0.0, 0.2))
+                proc.wait(timeout=0.001)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGKILL)
+            killed += 1
+        proc.communicate(timeout=120)
+    assert killed >= 8  # really interrupted, not left to finish
+    _finish(folder, job)
+    assert _studies(folder / DB) == expected
+    with sqlite3.connect(folder / DB) as conn:
+        assert conn.execute("select count(*) from trials where state in ('RUNNING', 'WAITING')").fetchone() == (0,)
+        assert conn.execute("select count(*) from kf_workers").fetchone() == (0,)
