@@ -114,3 +114,39 @@ def test_ten_random_sigkills_and_a_final_run_leave_the_trials_of_an_uninterrupte
     with sqlite3.connect(folder / DB) as conn:
         assert conn.execute("select count(*) from trials where state in ('RUNNING', 'WAITING')").fetchone() == (0,)
         assert conn.execute("select count(*) from kf_workers").fetchone() == (0,)
+
+
+DIE_AT_THE_NTH_WRITE = """
+import os, signal, sys
+from kernelforge.strategies.optuna import OptunaStrategy
+keep, calls = OptunaStrategy._keep, []
+def dying(self, *args):
+    calls.append(args)
+    if len(calls) == {n}:  # its results are stored; the trial is not yet written
+        os.kill(os.getpid(), signal.SIGKILL)
+    return keep(self, *args)
+OptunaStrategy._keep = dying
+sys.argv = ["kernelforge", *{argv!r}]
+from kernelforge.cli.entry import main
+main()
+"""
+
+
+def test_a_kill_between_storing_a_result_and_writing_its_trial_is_made_good_by_the_next_run(tmp_path):
+    """SIGKILLed in the one moment when the last budgeted point's results are stored and its trial
+    is not yet written: the next run has no budget left to ask it again, and still its stored study
+    ends with one trial per point the store holds for it."""
+    folder = tmp_path / "job"
+    folder.mkdir()
+    job = toy_job(folder, "toy", evaluations=3)
+    job.write_text(job.read_text().replace('name = "grid"', 'name = "tpe"'))
+    argv = [*CLI[3:], "search", str(job), "--progress", "quiet", "--no-compile", "--no-report", "--in-process"]
+    # Writes: the baseline's trial, then the three evaluations': die at the last one's.
+    code = DIE_AT_THE_NTH_WRITE.format(n=4, argv=argv)
+    killed = subprocess.run([CLI[0], "-c", code], cwd=folder, capture_output=True, text=True, timeout=600)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    _finish(folder, job)
+    (counts,) = _studies(folder / DB).values()
+    stored = {point for point, value in _objectives(folder / DB).items()}
+    assert sorted(point for (state, point, status) in counts.elements()) == sorted(stored)  # each once
+    assert len(stored) == 4  # the baseline and 3 evaluations

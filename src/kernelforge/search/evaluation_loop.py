@@ -117,7 +117,34 @@ class EvaluationLoop:
             self.proposals.observe(study, candidate, ordered, baseline)
         return value
 
+    def recall(self, studies: list[Study]) -> None:
+        """Tell each study's stateful strategy, as history, this job's stored points of its template
+        that it does not know (nor holds as a baseline): a run killed between storing a point's
+        results and telling its strategy leaves such a point, and the stored study (a view of the
+        store) gets it here even when no budget is left to ask it again. A fresh run has none."""
+        job = self.run.job
+        if not STRATEGIES[job.strategy.name].stateful:
+            return
+        for study in studies:
+            strategy, space = study.strategy, study.template.space
+            skip = set(strategy.known) | {strategy.key(p) for p in strategy.baselines}
+            for stored in self.run.store.candidates(study.block.id):
+                point = {name: stored.params.get(name) for name in space.names}
+                if stored.template != study.template.id or stored.job != job.name or not space.contains(point) \
+                        or strategy.key(point) in skip:
+                    continue
+                candidate = Candidate.from_template(study.template, point)
+                results = self.pipeline.stored(candidate, study.shapes) if candidate.id == stored.id else {}
+                if len(results) == len(study.shapes):
+                    ordered = [results[s.name] for s in study.shapes]
+                    reason = self.pipeline.infeasible(candidate, ordered)
+                    if reason is not None:
+                        strategy.infeasible(point, reason)
+                    else:
+                        strategy.tell(point, objective_value(self.run.objective, ordered, self.baselines[study.block.id]))
+
     def _loop(self, studies: list[Study], deadline: float | None) -> None:
+        self.recall(studies)
         pending: deque[_Pending] = deque()
         outcome, shares = self.outcome, self.shares
 

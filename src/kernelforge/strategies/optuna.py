@@ -327,11 +327,13 @@ class OptunaStrategy(Strategy):
             self.study.tell(trial, state=self._optuna.trial.TrialState.FAIL, skip_if_finished=True)
 
     def _learn_infeasible(self, key: Key, reason: str) -> None:
-        """An asked point that cannot run: its trial is told the failure penalty (the sampler
-        learns to stay away), marked ``infeasible``, and costs no evaluation."""
+        """A point that cannot run: its trial (a new one for a point not asked) is told the failure
+        penalty (the sampler learns to stay away), marked ``infeasible``, and costs no evaluation."""
         trial = self._trials.pop(key, None)
         if trial is not None:
             self._close(trial, self.point(key), None, "infeasible")
+        else:  # history (found infeasible by an earlier run): the sampler learns it too
+            self._add(self.point(key), None, "infeasible")
 
     def retire_orphans(self) -> int:
         """Close FAIL (ignored by the samplers) every RUNNING trial of the stored study: none is
