@@ -155,6 +155,22 @@ def test_a_file_size_limit_below_the_worker_s_shared_memory_is_one_line(tmp_path
     assert rows(tmp_path / DB, "PRAGMA quick_check") == [("ok",)]  # the database it had written is whole
 
 
+def test_a_storage_failure_gives_the_database_s_words_not_the_wrapper_s_class(tmp_path):
+    import sqlalchemy as sa
+
+    from kernelforge.store.failures import storage_error
+
+    db = tmp_path / "kf.db"
+    sqlite3.connect(db).execute("create table t (x)").connection.close()
+    engine = sa.create_engine(f"sqlite:///file:{db}?mode=ro&uri=true")
+    with pytest.raises(sa.exc.OperationalError) as raised:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("insert into t values (1)")
+    engine.dispose()
+    message = str(storage_error(raised.value, f"sqlite:///{db}"))
+    assert "attempt to write a readonly database" in message and "sqlite3.OperationalError" not in message
+
+
 def test_clean_up_never_replaces_the_first_error():
     ran = []
 
