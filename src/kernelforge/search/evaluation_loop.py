@@ -101,7 +101,7 @@ class EvaluationLoop:
         return None
 
     def _observe(self, study: Study, point: dict[str, Any], candidate: Candidate,
-                 ordered: list[StoredResult], infeasible: str | None) -> float | None:
+                 ordered: list[StoredResult], infeasible: str | None, peer: bool = False) -> float | None:
         """Tell the strategy a point's stored results (and the proposer how its template's own
         point did): their objective, or ``infeasible`` with its reason when they are a resource
         rejection (:meth:`Pipeline.infeasible`: nothing ran). Returns the time ratio (the speedup's
@@ -111,7 +111,8 @@ class EvaluationLoop:
         if infeasible is not None:
             study.strategy.infeasible(point, infeasible)
         else:
-            study.strategy.tell(point, objective_value(self.run.objective, ordered, baseline))
+            tell = study.strategy.tell_from_peer if peer else study.strategy.tell  # a live peer measured it
+            tell(point, objective_value(self.run.objective, ordered, baseline))
             value = time_ratio(ordered, baseline)
         if self.proposals is not None:
             self.proposals.observe(study, candidate, ordered, baseline)
@@ -189,7 +190,7 @@ class EvaluationLoop:
                     start(item, paid=state is ClaimState.GRANTED)
                 elif state is ClaimState.HELD:
                     shares.waiting.append(item)  # a live peer is measuring it: its results will answer
-                elif not (state is ClaimState.DONE and self._from_store(item)):
+                elif not (state is ClaimState.DONE and self._from_store(item, measuring=False)):
                     study.strategy.withdraw(point)  # the shared budget is spent
             if not pending:
                 if deadline is not None and time.time() >= deadline:
@@ -207,15 +208,17 @@ class EvaluationLoop:
                 break
             self._measure(pending.popleft())
 
-    def _from_store(self, item: Waiting, peer: bool = True) -> bool:
-        """Tell the strategy ``item``'s stored results when all its shapes have one (True)."""
+    def _from_store(self, item: Waiting, peer: bool = True, measuring: bool = True) -> bool:
+        """Tell the strategy ``item``'s stored results when all its shapes have one (True): a peer's
+        (``peer``), one that was ``measuring`` it (it writes its shared strategy state), or not."""
         study = item.study
         stored = self.pipeline.stored(item.candidate, study.shapes)
         if len(stored) < len(study.shapes):
             return False
         ordered = [stored[s.name] for s in study.shapes]
         # A stored resource rejection is told ``infeasible``, as where it was compiled.
-        self._observe(study, item.point, item.candidate, ordered, self.pipeline.infeasible(item.candidate, ordered))
+        self._observe(study, item.point, item.candidate, ordered, self.pipeline.infeasible(item.candidate, ordered),
+                      peer and measuring)
         if peer:
             self.outcome.from_peers += 1
         else:

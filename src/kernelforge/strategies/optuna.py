@@ -198,8 +198,7 @@ class OptunaStrategy(Strategy):
             self._stored_keys.add(key)
             if key in self.known or key in self.pending:
                 continue  # told here already (this worker's own trial), or its tell will come
-            # frozen.value raises on a study of two objectives: read ``values`` there.
-            stored = frozen.values if self.objectives > 1 else frozen.value
+            stored = frozen.values if self.objectives > 1 else frozen.value  # (.value raises with two)
             value = frozen.user_attrs.get("value", stored) if status not in ("failed", "infeasible") else None
             value = self._checked(clean_value(value))
             self.known[key] = value
@@ -238,18 +237,19 @@ class OptunaStrategy(Strategy):
             return self.no_finite_penalty
         return 10 * worst if worst > 0 else worst + 10 * max(1.0, abs(worst))
 
-    def _close(self, trial: Any, point: Mapping[str, Any], value: float | None, status: str) -> None:
+    def _close(self, trial: Any, point: Mapping[str, Any], value: Any, status: str, keep: bool = True) -> None:
         told = self.penalty() if value is None else value
         trial.set_user_attr("kernelforge", status)
         trial.set_user_attr("value", list(value) if isinstance(value, tuple) else value)
         self.study.tell(trial, list(told) if isinstance(told, tuple) else told)
-        if status != "duplicate":  # a re-proposal is the sampler's business: the stored study has the point
+        if keep and status != "duplicate":  # a re-proposal is the sampler's business: the stored study has it
             self._keep(point, value, told, status)
 
-    def _add(self, point: Mapping[str, Any], value: Any, status: str) -> None:
+    def _add(self, point: Mapping[str, Any], value: Any, status: str, keep: bool = True) -> None:
         told = self.penalty() if value is None else value
         self.study.add_trial(self._finished(point, value, told, status))
-        self._keep(point, value, told, status)
+        if keep:
+            self._keep(point, value, told, status)
 
     def _finished(self, point: Mapping[str, Any], value: Any, told: Any, status: str) -> Any:
         """A finished trial of ``point``, told ``told``, with its status and value attributes."""
@@ -336,9 +336,8 @@ class OptunaStrategy(Strategy):
             self._add(self.point(key), None, "infeasible")
 
     def retire_orphans(self) -> int:
-        """Close FAIL (ignored by the samplers) every RUNNING trial of the stored study: none is
-        written now, but a database of an earlier version may hold its killed runs' (the caller
-        knows no other worker is alive)."""
+        """Close FAIL every RUNNING trial of the stored study: none is written now, but a database
+        of an earlier version may hold its killed runs' (the caller knows no other worker is alive)."""
         if self.stored is None:
             return 0
         running = self.stored.get_trials(deepcopy=False, states=(self._optuna.trial.TrialState.RUNNING,))
@@ -358,6 +357,12 @@ class OptunaStrategy(Strategy):
 
     def tell(self, point: Mapping, value: Any) -> None:
         """As :meth:`Strategy.tell`; with two objectives ``value`` is a (time, energy) pair."""
+        self._tell(point, value, keep=True)
+
+    def tell_from_peer(self, point: Mapping, value: Any) -> None:
+        self._tell(point, value, keep=False)  # the peer that measured it writes its trial
+
+    def _tell(self, point: Mapping, value: Any, keep: bool) -> None:
         arity = len(value) if isinstance(value, (tuple, list)) else 1
         if value is not None and arity != self.objectives:
             raise ValueError(f"{self.name} minimises {self.objectives} objective(s); told {value!r}")
@@ -366,12 +371,11 @@ class OptunaStrategy(Strategy):
             return
         key, value, asked = recorded
         self._note(value)
+        status = "ok" if value is not None else "failed"
         if asked:
-            trial = self._trials.pop(key)
-            self._close(trial, point, value, "ok" if value is not None else "failed")
-        else:
-            # History from elsewhere (an earlier store): give the sampler the observation too.
-            self._add(point, value, "ok" if value is not None else "failed")
+            self._close(self._trials.pop(key), point, value, status, keep)
+        else:  # history from elsewhere (an earlier store): give the sampler the observation too
+            self._add(point, value, status, keep)
 
     def _distributions(self) -> dict[str, Any]:
         dists = self._optuna.distributions
