@@ -16,7 +16,6 @@ import random
 import signal
 import sqlite3
 import subprocess
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import pytest
 
 from kernelforge.objective import by_candidate, time_ratio
 from kernelforge.store.store import Store
+from kills import kill_at_a_random_moment
 from toy_job import CLI, toy_job
 
 pytestmark = [pytest.mark.interpreter, pytest.mark.skipif(__import__("importlib").util.find_spec("optuna") is None,
@@ -92,21 +92,8 @@ def test_ten_random_sigkills_and_a_final_run_leave_the_trials_of_an_uninterrupte
     rng = random.Random(20261206)
     killed = 0
     for attempt in range(10):
-        # A run spends ~2 s importing: every third kill at a random time, the others a random delay
-        # after a random progress event (baseline, an evaluation, a duplicate, the confirmation).
         proc = _search(folder, job, progress="jsonl")
-        try:
-            if attempt % 3 == 0:
-                proc.wait(timeout=rng.uniform(0.5, 4.0))
-            else:
-                for _ in range(rng.randint(1, 8)):
-                    if not proc.stdout.readline():
-                        break
-                time.sleep(rng.uniform(0.0, 0.2))
-                proc.wait(timeout=0.001)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGKILL)
-            killed += 1
+        killed += kill_at_a_random_moment(proc, rng, attempt, first=0.5, events=8, settle=0.2)
         proc.communicate(timeout=120)
     assert killed >= 8  # really interrupted, not left to finish
     _finish(folder, job)
