@@ -8,11 +8,9 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -29,6 +27,7 @@ from kernelforge.search.search import Search
 from kernelforge.store.store import Store
 from kf_progress import Recorder
 from toy_job import job_text, write_job
+from kills import kill_at_a_random_moment
 
 pytestmark = pytest.mark.interpreter
 
@@ -108,9 +107,7 @@ def test_random_sigkills_then_a_finish_equal_an_uninterrupted_run(tmp_path):
     """Ten SIGKILLs at random moments, then a run to the end: the same candidates and results as a
     search never interrupted, none stored twice. Grid order makes "the same" well defined.
 
-    A run spends ~2 s importing and ~0.5 s evaluating, so a kill at a uniformly random time would
-    nearly always land in start-up: every third kill is at a random time, the others a random
-    delay after a random progress event (baseline, an evaluation, the confirmation). The killed
+    The kills land at random moments (:func:`kills.kill_at_a_random_moment`). The killed
     runs evaluate in-process (--in-process: no 2 s worker start-up each; a worker killed with its
     search is tests/test_worker.py's); the final run uses the worker.
     """
@@ -130,19 +127,7 @@ def test_random_sigkills_then_a_finish_equal_an_uninterrupted_run(tmp_path):
     killed = 0
     for attempt in range(10):
         proc = _search(interrupted, job, "--in-process", progress="jsonl")
-        try:
-            if attempt % 3 == 0:
-                proc.wait(timeout=rng.uniform(0.2, 4.0))
-            else:
-                events = rng.randint(1, 5)
-                for _ in range(events):
-                    if not proc.stdout.readline():
-                        break
-                time.sleep(rng.uniform(0.0, 0.15))
-                proc.wait(timeout=0.001)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGKILL)
-            killed += 1
+        killed += kill_at_a_random_moment(proc, rng, attempt)
         proc.wait(timeout=60)
         proc.stdout.close()
         if (interrupted / db).exists():

@@ -143,6 +143,34 @@ def test_a_disk_full_mid_run_is_one_line_status_1_and_loses_nothing(tmp_path):
     assert set(during) < set(after) and len(after) == len(set(after))  # went on, nothing twice
 
 
+def test_a_file_size_limit_below_the_worker_s_shared_memory_is_one_line(tmp_path):
+    """The file-size limit that makes a full disk here applies to the evaluation worker's shared
+    memory (a memfd) too: a search in worker mode under a limit below it says so in one line."""
+    job = toy_job(tmp_path, "toy", evaluations=2)
+    proc = _search(tmp_path, job, "--no-report", preexec_fn=_cap_files(8 * 2**20))
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 2, err
+    flat = _one_line(err)
+    assert "memory shared with the evaluation worker" in flat and "ulimit -f" in flat and "--in-process" in flat
+    assert rows(tmp_path / DB, "PRAGMA quick_check") == [("ok",)]  # the database it had written is whole
+
+
+def test_a_storage_failure_gives_the_database_s_words_not_the_wrapper_s_class(tmp_path):
+    import sqlalchemy as sa
+
+    from kernelforge.store.failures import storage_error
+
+    db = tmp_path / "kf.db"
+    sqlite3.connect(db).execute("create table t (x)").connection.close()
+    engine = sa.create_engine(f"sqlite:///file:{db}?mode=ro&uri=true")
+    with pytest.raises(sa.exc.OperationalError) as raised:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("insert into t values (1)")
+    engine.dispose()
+    message = str(storage_error(raised.value, f"sqlite:///{db}"))
+    assert "attempt to write a readonly database" in message and "sqlite3.OperationalError" not in message
+
+
 def test_clean_up_never_replaces_the_first_error():
     ran = []
 

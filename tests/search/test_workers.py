@@ -174,3 +174,12 @@ def test_three_tpe_workers_share_one_optuna_study_per_study(tmp_path):
     for shape in ("n1", "n7", "n63"):  # the baseline and the budget's candidates, on every shape
         assert len({c for c, s in results if s == shape}) == BUDGET + 1
     assert all(state == "done" for _, _, state in claims)
+    # Each shared study is the store's view: one finished trial per point, whichever worker measured it.
+    import optuna
+
+    summaries = optuna.get_all_study_summaries(storage=url)
+    assert len(summaries) == 3
+    for summary in summaries:
+        trials = optuna.load_study(study_name=summary.study_name, storage=url).trials
+        points = [tuple(sorted(t.params.items())) for t in trials]
+        assert {t.state.name for t in trials} == {"COMPLETE"} and len(points) == len(set(points)) == BUDGET + 1

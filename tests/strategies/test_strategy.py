@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import time
 
 import pytest
 
@@ -165,38 +164,64 @@ def test_missing_cmaes_names_the_package():
 
 
 @pytest.mark.skipif(not HAS_OPTUNA, reason="needs optuna")
-def test_resume_from_sqlite_leaves_a_live_trial_alone_and_fails_a_stale_one(tmp_path, monkeypatch):
+def test_the_stored_study_holds_one_finished_trial_per_told_point_and_nothing_else(tmp_path):
     import optuna
 
-    from kernelforge.strategies.optuna import storage as optuna_storage
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    first = make_strategy("tpe", SPACE, seed=0, baseline=BASELINE, storage=url, study_name="s")
+    told = drive(first, 40)  # every valid point: the sampler re-proposed many (duplicates, violations)
+    assert sorted(told) == sorted(VALID) and told[0] == tuple(BASELINE.values())
+    assert first.free_tells > 0  # ... which the sampler's own study holds
+    assert len(first.study.trials) == len(told) + first.free_tells
 
-    # Beats every second, stale after two (the real values are 10 s and 60 s).
-    monkeypatch.setattr(optuna_storage, "TRIAL_HEARTBEAT_S", 1)
-    monkeypatch.setattr(optuna_storage, "TRIAL_GRACE_S", 2)
+    def stored():
+        return optuna.load_study(study_name="s", storage=url).trials
+
+    trials = stored()
+    assert {t.state for t in trials} == {optuna.trial.TrialState.COMPLETE}
+    assert sorted(tuple(t.params[n] for n in SPACE.names) for t in trials) == sorted(told)  # each once
+    assert all(t.value == objective(t.params) and t.user_attrs["kernelforge"] == "ok" for t in trials)
+
+    # A rerun (a resumed search, or a peer) knows every point; its sampler re-proposes them all,
+    # and the stored study gets nothing more.
+    again = make_strategy("tpe", SPACE, seed=0, baseline=BASELINE, storage=url, study_name="s")
+    assert set(again.known) == set(told)
+    assert again.ask() is None and again.free_tells > 0
+    assert len(stored()) == len(trials)
+
+
+@pytest.mark.skipif(not HAS_OPTUNA, reason="needs optuna")
+def test_a_point_being_evaluated_is_not_in_the_stored_study_and_a_peer_learns_it_once_told(tmp_path):
+    import optuna
+
     url = f"sqlite:///{tmp_path / 'study.db'}"
     first = make_strategy("tpe", SPACE, seed=0, baseline=BASELINE, storage=url, study_name="s")
     told = drive(first, 8)
-    assert told[0] == tuple(BASELINE.values())
-    left_running = first.ask()  # being evaluated by the first worker
-    assert left_running is not None
-
-    def states():
-        return [t.state for t in optuna.load_study(study_name="s", storage=url).trials]
-
+    running = first.ask()  # being evaluated: a kill now leaves nothing running in the stored study
+    states = [t.state for t in optuna.load_study(study_name="s", storage=url).trials]
+    assert states == [optuna.trial.TrialState.COMPLETE] * 8
     second = make_strategy("tpe", SPACE, seed=1, baseline=BASELINE, storage=url, study_name="s")
-    assert optuna.trial.TrialState.RUNNING in states()  # a live peer's trial is its own
-    first.heartbeat()
-    second.heartbeat()
-    assert optuna.trial.TrialState.RUNNING in states()  # still beating
-    time.sleep(3)  # the first worker "dies": its trial's heartbeat goes stale (no assertion on time)
-    second.heartbeat()
-    assert optuna.trial.TrialState.RUNNING not in states()
-    assert optuna.trial.TrialState.FAIL in states()
     assert set(second.known) == set(told)
+    assert len(second.study.trials) == 8  # its sampler learns the stored observations
+    first.tell(running, None)  # failed: told the penalty, status "failed"
     more = drive(second, 10)
-    assert len(more) == 10
-    assert not set(more) & set(told)  # neither the told points nor the baseline again
-    assert set(more) <= set(VALID)
+    assert tuple(running.values()) in second.known and second.known[tuple(running.values())] is None
+    assert not set(more) & (set(told) | {tuple(running.values())})
+    trials = optuna.load_study(study_name="s", storage=url).trials
+    assert len(trials) == 8 + 1 + 10 and first.retire_orphans() == 0
+    assert [t.user_attrs["kernelforge"] for t in trials].count("failed") == 1
+
+
+@pytest.mark.skipif(not HAS_OPTUNA, reason="needs optuna")
+def test_running_trials_of_an_earlier_version_are_closed_by_retire_orphans(tmp_path):
+    import optuna
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    old = optuna.create_study(storage=url, study_name="s")
+    old.ask()  # a killed run of an earlier version left its asked trial RUNNING
+    strategy = make_strategy("tpe", SPACE, seed=0, baseline=None, storage=url, study_name="s")
+    assert strategy.retire_orphans() == 1
+    assert [t.state for t in optuna.load_study(study_name="s", storage=url).trials] == [optuna.trial.TrialState.FAIL]
 
 
 @pytest.mark.skipif(not HAS_OPTUNA, reason="needs optuna")

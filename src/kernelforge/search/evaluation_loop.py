@@ -101,7 +101,7 @@ class EvaluationLoop:
         return None
 
     def _observe(self, study: Study, point: dict[str, Any], candidate: Candidate,
-                 ordered: list[StoredResult], infeasible: str | None) -> float | None:
+                 ordered: list[StoredResult], infeasible: str | None, peer: bool = False) -> float | None:
         """Tell the strategy a point's stored results (and the proposer how its template's own
         point did): their objective, or ``infeasible`` with its reason when they are a resource
         rejection (:meth:`Pipeline.infeasible`: nothing ran). Returns the time ratio (the speedup's
@@ -111,13 +111,41 @@ class EvaluationLoop:
         if infeasible is not None:
             study.strategy.infeasible(point, infeasible)
         else:
-            study.strategy.tell(point, objective_value(self.run.objective, ordered, baseline))
+            tell = study.strategy.tell_from_peer if peer else study.strategy.tell  # a live peer measured it
+            tell(point, objective_value(self.run.objective, ordered, baseline))
             value = time_ratio(ordered, baseline)
         if self.proposals is not None:
             self.proposals.observe(study, candidate, ordered, baseline)
         return value
 
+    def recall(self, studies: list[Study]) -> None:
+        """Tell each study's stateful strategy, as history, this job's stored points of its template
+        that it does not know (nor holds as a baseline): a run killed between storing a point's
+        results and telling its strategy leaves such a point, and the stored study (a view of the
+        store) gets it here even when no budget is left to ask it again. A fresh run has none."""
+        job = self.run.job
+        if not STRATEGIES[job.strategy.name].stateful:
+            return
+        for study in studies:
+            strategy, space = study.strategy, study.template.space
+            skip = set(strategy.known) | {strategy.key(p) for p in strategy.baselines}
+            for stored in self.run.store.candidates(study.block.id):
+                point = {name: stored.params.get(name) for name in space.names}
+                if stored.template != study.template.id or stored.job != job.name or not space.contains(point) \
+                        or strategy.key(point) in skip:
+                    continue
+                candidate = Candidate.from_template(study.template, point)
+                results = self.pipeline.stored(candidate, study.shapes) if candidate.id == stored.id else {}
+                if len(results) == len(study.shapes):
+                    ordered = [results[s.name] for s in study.shapes]
+                    reason = self.pipeline.infeasible(candidate, ordered)
+                    if reason is not None:
+                        strategy.infeasible(point, reason)
+                    else:
+                        strategy.tell(point, objective_value(self.run.objective, ordered, self.baselines[study.block.id]))
+
     def _loop(self, studies: list[Study], deadline: float | None) -> None:
+        self.recall(studies)
         pending: deque[_Pending] = deque()
         outcome, shares = self.outcome, self.shares
 
@@ -162,7 +190,7 @@ class EvaluationLoop:
                     start(item, paid=state is ClaimState.GRANTED)
                 elif state is ClaimState.HELD:
                     shares.waiting.append(item)  # a live peer is measuring it: its results will answer
-                elif not (state is ClaimState.DONE and self._from_store(item)):
+                elif not (state is ClaimState.DONE and self._from_store(item, measuring=False)):
                     study.strategy.withdraw(point)  # the shared budget is spent
             if not pending:
                 if deadline is not None and time.time() >= deadline:
@@ -180,15 +208,17 @@ class EvaluationLoop:
                 break
             self._measure(pending.popleft())
 
-    def _from_store(self, item: Waiting, peer: bool = True) -> bool:
-        """Tell the strategy ``item``'s stored results when all its shapes have one (True)."""
+    def _from_store(self, item: Waiting, peer: bool = True, measuring: bool = True) -> bool:
+        """Tell the strategy ``item``'s stored results when all its shapes have one (True): a peer's
+        (``peer``), one that was ``measuring`` it (it writes its shared strategy state), or not."""
         study = item.study
         stored = self.pipeline.stored(item.candidate, study.shapes)
         if len(stored) < len(study.shapes):
             return False
         ordered = [stored[s.name] for s in study.shapes]
         # A stored resource rejection is told ``infeasible``, as where it was compiled.
-        self._observe(study, item.point, item.candidate, ordered, self.pipeline.infeasible(item.candidate, ordered))
+        self._observe(study, item.point, item.candidate, ordered, self.pipeline.infeasible(item.candidate, ordered),
+                      peer and measuring)
         if peer:
             self.outcome.from_peers += 1
         else:

@@ -8,6 +8,7 @@ line and exits 1); and a clean-up after a first error never replaces it.
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from pathlib import Path
 from typing import Callable, Iterable
@@ -87,7 +88,8 @@ def classify(exc: BaseException) -> tuple[str, str] | None:
         lowered = text.lower()
         for kind, markers in KINDS:
             if any(marker in lowered for marker in markers):
-                return kind, text.strip().splitlines()[0] if text.strip() else kind
+                # SQLAlchemy's "(sqlite3.OperationalError) attempt to write...": the words, not the class.
+                return kind, re.sub(r"^\([\w.]+\)\s*", "", text.strip().splitlines()[0]) if text.strip() else kind
     return None
 
 

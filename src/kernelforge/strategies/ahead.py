@@ -151,6 +151,11 @@ class AskAhead(Wrapper):
             self._drop_held(point)  # told before it was handed out: history, as for any strategy
             self.inner.tell(point, value)
 
+    def tell_from_peer(self, point: Mapping, value: float | None) -> None:
+        with self._lock:
+            self._drop_held(point)
+            self.inner.tell_from_peer(point, value)
+
     def infeasible(self, point: Mapping[str, Any], reason: str = "") -> None:
         with self._lock:
             self._drop_held(point)  # never hand out a point already known

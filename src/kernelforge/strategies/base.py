@@ -124,6 +124,12 @@ class Strategy(ABC):
         stopped): no longer pending, not known, so it may be asked again. Not an evaluation."""
         self.pending.discard(self.key(point))
 
+    def tell_from_peer(self, point: Mapping, value: float | None) -> None:
+        """As :meth:`tell`, for an asked point whose results a live peer measured and stored: a
+        strategy whose state the workers share leaves recording it there to that peer, which does
+        when it tells its own (two writers would record it twice). The others: :meth:`tell`."""
+        self.tell(point, value)
+
     def heartbeat(self) -> None:
         """Say, from the worker's heartbeat thread, that the asked points are still being
         evaluated (a strategy whose state other workers share; nothing to do for the others)."""

@@ -68,6 +68,9 @@ class GuidedStrategy(Wrapper):
     def tell(self, point: Mapping, value: float | None) -> None:
         self.inner.tell(point, value)
 
+    def tell_from_peer(self, point: Mapping, value: float | None) -> None:
+        self.inner.tell_from_peer(point, value)
+
     def infeasible(self, point: Mapping[str, Any], reason: str = "") -> None:
         self.inner.infeasible(point, reason)
 

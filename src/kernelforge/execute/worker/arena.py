@@ -20,12 +20,16 @@ same buffers), and the arena never holds more than the largest step.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import mmap
 import os
+import resource
 from dataclasses import dataclass
 
 import torch
+
+from kernelforge.errors import UserError
 
 #: Slots start at multiples of this many bytes (Triton specialises pointers divisible by 16).
 ALIGN = 256
@@ -85,13 +89,32 @@ def tensor_at(buffer: mmap.mmap, slot: Slot) -> torch.Tensor:
     return flat.as_strided(slot.shape, slot.stride)
 
 
+def _resize(fd: int, size: int) -> None:
+    """Give the arena ``fd`` ``size`` bytes; a refusal (the process's file-size limit, which applies
+    to a memfd too) is one line saying which limit and how to lift it."""
+    try:
+        os.ftruncate(fd, size)
+    except OSError as exc:
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if exc.errno == errno.EFBIG and limit != resource.RLIM_INFINITY:
+            why = (f"the file-size limit of this process (RLIMIT_FSIZE, set by ulimit -f) is {limit} bytes, below "
+                   "that; raise it (ulimit -f unlimited) or run the search with --in-process")
+        else:
+            why = f"{exc.strerror}; free memory, or run the search with --in-process"
+        raise UserError(f"cannot size the memory shared with the evaluation worker to {size} bytes: {why}") from None
+
+
 class Arena:
     """The trusted side of the shared arena (see the module docstring). :attr:`fd` is inherited by
     the worker; :meth:`close` releases it."""
 
     def __init__(self, size: int = INITIAL_BYTES):
         self.fd = os.memfd_create("kernelforge-arena", os.MFD_ALLOW_SEALING | os.MFD_CLOEXEC)
-        os.ftruncate(self.fd, size)
+        try:
+            _resize(self.fd, size)
+        except UserError:
+            os.close(self.fd)
+            raise
         fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
         self.size = size
         self._map = mmap.mmap(self.fd, size)
@@ -106,7 +129,7 @@ class Arena:
 
     def _grow(self, needed: int) -> None:
         size = max(2 * self.size, needed)
-        os.ftruncate(self.fd, size)
+        _resize(self.fd, size)
         # A new, larger mapping of the same file: tensors over the old one still see the same bytes.
         self._map = mmap.mmap(self.fd, size)
         self.size = size

@@ -14,7 +14,7 @@ from kernelforge.errors import UserError
 from kernelforge.space import Space
 from kernelforge.strategies.base import Key, Strategy, clean_value
 from kernelforge.strategies.optuna.samplers import make_sampler
-from kernelforge.strategies.optuna.storage import TrialBeats, shared_storage
+from kernelforge.strategies.optuna.storage import shared_storage
 
 #: Sampler names accepted by :class:`OptunaStrategy` (the strategy names that use them are in
 #: :mod:`kernelforge.strategies.names`).
@@ -40,10 +40,15 @@ class OptunaStrategy(Strategy):
     flatten every real difference). Before any finite value exists it is the constant 1e9; TPE,
     the default, only ranks values, so the magnitude does not matter to it.
 
-    With ``storage`` (an Optuna storage or URL) and ``study_name``, the study is created or loaded:
-    its completed trials seed the table of known points (so nothing told before is asked again).
-    A storage given as a URL is shared with the job's other workers: its trials carry heartbeats,
-    and a killed worker's RUNNING trials are failed once stale (:mod:`~.optuna_storage`).
+    The sampler always works on an in-memory study (``study``): every proposal is a trial there,
+    duplicates and violations included, as the samplers have always seen them. With ``storage``
+    (an Optuna storage or URL, shared with the job's other workers) and ``study_name``, the stored
+    study (``stored``) is created or loaded and kept a faithful view of the results: one finished
+    trial per observed point (status ``ok``, ``failed`` or ``infeasible``), written when the point
+    is told, and nothing else: no trial of a duplicate proposal, a violation or a point being
+    evaluated (so a killed run leaves nothing running, and a rerun adds no trial for a point
+    already there). Its trials, an earlier run's or a peer's, seed the table of known points and
+    the sampler's study (so nothing told before is asked again).
     """
 
     name = "optuna"
@@ -85,31 +90,28 @@ class OptunaStrategy(Strategy):
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self._choices = {name: optuna_choices(values) for name, values in space.params}
         self._sampler = make_sampler(optuna, sampler, seed, space, self._choices, dict(sampler_options or {}))
+        self.stored = None  # the study kept in ``storage``: one finished trial per observed point
+        directions = ["minimize"] * objectives
         try:
-            if isinstance(storage, str):
-                storage = shared_storage(optuna, storage)
-            self.study = optuna.create_study(
-                storage=storage,
-                sampler=self._sampler,
-                study_name=study_name,
-                directions=["minimize"] * objectives,
-                load_if_exists=storage is not None and study_name is not None,
-            )
+            if storage is not None:
+                if isinstance(storage, str):
+                    storage = shared_storage(optuna, storage)
+                self.stored = optuna.create_study(storage=storage, study_name=study_name, directions=directions,
+                                                  load_if_exists=study_name is not None)
         except Exception as exc:  # a bad URL, a locked or foreign database, a maximize study...
             raise UserError(
                 f"cannot create or load Optuna study {study_name!r} in storage {storage!r}: {exc}; "
                 "check the storage URL, or use a new study name"
             ) from exc
-        self._shared = storage is not None  # other workers may write to the study
-        self._beats = TrialBeats(optuna, storage, self.study)
-        self._trials: dict[Key, Any] = {}  # pending key -> optuna Trial
-        self._seen_trials: set[int] = set()
+        self.study = optuna.create_study(sampler=self._sampler, study_name=study_name, directions=directions)
+        self._trials: dict[Key, Any] = {}  # pending key -> optuna Trial (of ``study``)
+        self._seen_trials: set[int] = set()  # numbers of the stored study's trials read
+        self._stored_keys: set[Key] = set()  # the points the stored study holds a trial of
         self._worst: list[float | None] = [None] * objectives  # per objective
         self._rng = random.Random(seed)
         self._resume()
         for first in self.baselines:
             if self.key(first) not in self.known:
-                # skip_if_exists: a resumed study may already hold it as a WAITING trial.
                 self.study.enqueue_trial(self._encode(first), skip_if_exists=True)
 
     # Encoding between space values and Optuna parameters ------------------------------------
@@ -162,41 +164,49 @@ class OptunaStrategy(Strategy):
     # History -----------------------------------------------------------------------------------
 
     def _resume(self) -> None:
-        """Check the study's space and read its completed trials as known points. Trials left
-        RUNNING are not touched: a live peer's are its own, and a killed worker's are failed by
-        their stale heartbeat (:mod:`kernelforge.strategies.optuna.storage`)."""
+        """Check the stored study's space and read its finished trials as known points."""
+        if self.stored is None:
+            return
         ours = self._distributions()
-        for frozen in self.study.get_trials(deepcopy=False):
+        for frozen in self.stored.get_trials(deepcopy=False):
             for name, dist in frozen.distributions.items():
                 if name in ours and dist != ours[name]:
                     # Optuna would refuse the first suggestion anyway; say why, up front.
                     raise UserError(
-                        f"Optuna study {self.study.study_name!r} was made for another search space "
+                        f"Optuna study {self.stored.study_name!r} was made for another search space "
                         f"(parameter {name}: {dist} there, {ours[name]} now); use a new study name"
                     )
         self._absorb()
 
     def _absorb(self) -> None:
-        """Add completed trials not yet seen (written by an earlier run or another worker)."""
+        """Read the stored study's trials not yet seen (written by an earlier run or another
+        worker): a point not known here becomes known, and the sampler's study gets the trial."""
+        if self.stored is None:
+            return
         TrialState = self._optuna.trial.TrialState
-        for frozen in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        for frozen in self.stored.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             if frozen.number in self._seen_trials:
                 continue
             self._seen_trials.add(frozen.number)
             status = frozen.user_attrs.get("kernelforge", "ok")
             if status in ("duplicate", "invalid"):
-                continue
+                continue  # re-proposals, which earlier versions stored: not observations
             point = self._decode(frozen.params)
             if point is None or not self.space.contains(point):
                 continue
             key = self.key(point)
-            # frozen.value raises on a study of two objectives: read ``values`` there.
-            stored = frozen.values if self.objectives > 1 else frozen.value
-            value = frozen.user_attrs.get("value", stored) if status != "failed" else None
+            self._stored_keys.add(key)
+            if key in self.known or key in self.pending:
+                continue  # told here already (this worker's own trial), or its tell will come
+            stored = frozen.values if self.objectives > 1 else frozen.value  # (.value raises with two)
+            value = frozen.user_attrs.get("value", stored) if status not in ("failed", "infeasible") else None
             value = self._checked(clean_value(value))
-            if key not in self.known or self.known[key] is None:
-                self.known[key] = value
+            self.known[key] = value
             self._note(value)
+            self.study.add_trial(self._optuna.trial.create_trial(  # as told there (a failure: its penalty)
+                params=self._encode(point), distributions=self._distributions(), values=list(frozen.values),
+                user_attrs=dict(frozen.user_attrs),
+            ))
 
     def _checked(self, value: Any) -> Any:
         """``value`` (cleaned) when it has one number per objective; None for a stored value of
@@ -227,36 +237,44 @@ class OptunaStrategy(Strategy):
             return self.no_finite_penalty
         return 10 * worst if worst > 0 else worst + 10 * max(1.0, abs(worst))
 
-    def _close(self, trial: Any, point: Mapping[str, Any], value: float | None, status: str) -> None:
+    def _close(self, trial: Any, point: Mapping[str, Any], value: Any, status: str, keep: bool = True) -> None:
         told = self.penalty() if value is None else value
-        try:
-            trial.set_user_attr("kernelforge", status)
-            trial.set_user_attr("value", list(value) if isinstance(value, tuple) else value)
-            self.study.tell(trial, list(told) if isinstance(told, tuple) else told)
-        except self._optuna.exceptions.UpdateFinishedTrialError:
-            # Failed as stale while it ran (this worker's heartbeats stopped for longer than the
-            # grace period): keep the observation as a new completed trial.
-            self._add(point, value, status)
-        self._beats.drop(trial.number)
-        self._seen_trials.add(trial.number)
+        trial.set_user_attr("kernelforge", status)
+        trial.set_user_attr("value", list(value) if isinstance(value, tuple) else value)
+        self.study.tell(trial, list(told) if isinstance(told, tuple) else told)
+        if keep and status != "duplicate":  # a re-proposal is the sampler's business: the stored study has it
+            self._keep(point, value, told, status)
 
-    def _add(self, point: Mapping[str, Any], value: Any, status: str) -> None:
+    def _add(self, point: Mapping[str, Any], value: Any, status: str, keep: bool = True) -> None:
         told = self.penalty() if value is None else value
+        self.study.add_trial(self._finished(point, value, told, status))
+        if keep:
+            self._keep(point, value, told, status)
+
+    def _finished(self, point: Mapping[str, Any], value: Any, told: Any, status: str) -> Any:
+        """A finished trial of ``point``, told ``told``, with its status and value attributes."""
         given = {"values": list(told)} if isinstance(told, tuple) else {"value": told}
-        self.study.add_trial(
-            self._optuna.trial.create_trial(
-                params=self._encode(point),
-                distributions=self._distributions(),
-                user_attrs={"kernelforge": status, "value": list(value) if isinstance(value, tuple) else value},
-                **given,
-            )
+        return self._optuna.trial.create_trial(
+            params=self._encode(point), distributions=self._distributions(),
+            user_attrs={"kernelforge": status, "value": list(value) if isinstance(value, tuple) else value}, **given,
         )
+
+    def _keep(self, point: Mapping[str, Any], value: Any, told: Any, status: str) -> None:
+        """Write the observation of ``point`` to the stored study, unless it holds one already (an
+        earlier run's, or a peer's that told it first)."""
+        if self.stored is None:
+            return
+        self._absorb()
+        key = self.key(point)
+        if key in self._stored_keys:
+            return
+        self.stored.add_trial(self._finished(point, value, told, status))
+        self._stored_keys.add(key)
 
     # Ask / tell --------------------------------------------------------------------------------
 
     def ask(self) -> dict | None:
-        if self._shared:
-            self._absorb()
+        self._absorb()
         wasted = 0
         while True:
             if wasted >= self.max_free_in_a_row:
@@ -274,18 +292,15 @@ class OptunaStrategy(Strategy):
             if not self.space.contains(point):
                 penalty = self.penalty()  # not a point of the space: no user attrs needed
                 self.study.tell(trial, list(penalty) if isinstance(penalty, tuple) else penalty)
-                self._seen_trials.add(trial.number)
             elif key in self.known:
                 self._close(trial, point, self.known[key], "duplicate")
             elif key in self.pending:
                 # Proposed again while still being evaluated: drop this trial (FAIL is ignored by
                 # the samplers); the first one will carry the value.
                 self.study.tell(trial, state=self._optuna.trial.TrialState.FAIL)
-                self._seen_trials.add(trial.number)
             else:
                 self.pending.add(key)
                 self._trials[key] = trial
-                self._beats.hold(trial.number)
                 return point
             self.free_tells += 1
             wasted += 1
@@ -309,37 +324,27 @@ class OptunaStrategy(Strategy):
         trial = self._trials.pop(key, None)
         super().withdraw(point)
         if trial is not None:
-            self._beats.drop(trial.number)
             self.study.tell(trial, state=self._optuna.trial.TrialState.FAIL, skip_if_finished=True)
-            self._seen_trials.add(trial.number)
 
     def _learn_infeasible(self, key: Key, reason: str) -> None:
-        """An asked point that cannot run: its trial is told the failure penalty (the sampler
-        learns to stay away), marked ``infeasible``, and costs no evaluation."""
+        """A point that cannot run: its trial (a new one for a point not asked) is told the failure
+        penalty (the sampler learns to stay away), marked ``infeasible``, and costs no evaluation."""
         trial = self._trials.pop(key, None)
         if trial is not None:
             self._close(trial, self.point(key), None, "infeasible")
-
-    def heartbeat(self) -> None:
-        """Beat for this strategy's RUNNING trials and fail the shared study's stale ones."""
-        self._beats.beat()
+        else:  # history (found infeasible by an earlier run): the sampler learns it too
+            self._add(self.point(key), None, "infeasible")
 
     def retire_orphans(self) -> int:
-        """Close FAIL (ignored by the samplers) every RUNNING trial of the stored study that this
-        strategy does not hold: left by killed workers (the caller knows no other is alive), they
-        would otherwise stay RUNNING until their heartbeat is TRIAL_GRACE_S old."""
-        if not self._shared:
+        """Close FAIL every RUNNING trial of the stored study: none is written now, but a database
+        of an earlier version may hold its killed runs' (the caller knows no other worker is alive)."""
+        if self.stored is None:
             return 0
-        held = set(self._beats.held())
-        running = self.study.get_trials(deepcopy=False, states=(self._optuna.trial.TrialState.RUNNING,))
-        closed = 0
+        running = self.stored.get_trials(deepcopy=False, states=(self._optuna.trial.TrialState.RUNNING,))
         for frozen in running:
-            if frozen.number in held:
-                continue
-            self.study.tell(frozen.number, state=self._optuna.trial.TrialState.FAIL, skip_if_finished=True)
+            self.stored.tell(frozen.number, state=self._optuna.trial.TrialState.FAIL, skip_if_finished=True)
             self._seen_trials.add(frozen.number)
-            closed += 1
-        return closed
+        return len(running)
 
     def _unasked(self) -> Key | None:
         """A valid point neither known nor pending, drawn at random; None when there is none."""
@@ -352,6 +357,12 @@ class OptunaStrategy(Strategy):
 
     def tell(self, point: Mapping, value: Any) -> None:
         """As :meth:`Strategy.tell`; with two objectives ``value`` is a (time, energy) pair."""
+        self._tell(point, value, keep=True)
+
+    def tell_from_peer(self, point: Mapping, value: Any) -> None:
+        self._tell(point, value, keep=False)  # the peer that measured it writes its trial
+
+    def _tell(self, point: Mapping, value: Any, keep: bool) -> None:
         arity = len(value) if isinstance(value, (tuple, list)) else 1
         if value is not None and arity != self.objectives:
             raise ValueError(f"{self.name} minimises {self.objectives} objective(s); told {value!r}")
@@ -360,12 +371,11 @@ class OptunaStrategy(Strategy):
             return
         key, value, asked = recorded
         self._note(value)
+        status = "ok" if value is not None else "failed"
         if asked:
-            trial = self._trials.pop(key)
-            self._close(trial, point, value, "ok" if value is not None else "failed")
-        else:
-            # History from elsewhere (an earlier store): give the sampler the observation too.
-            self._add(point, value, "ok" if value is not None else "failed")
+            self._close(self._trials.pop(key), point, value, status, keep)
+        else:  # history from elsewhere (an earlier store): give the sampler the observation too
+            self._add(point, value, status, keep)
 
     def _distributions(self) -> dict[str, Any]:
         dists = self._optuna.distributions
