@@ -348,3 +348,33 @@ def test_tensor_parallel_sets_split_the_intermediate_size():
             assert [s["T"] for s in shapes] == [s["T"] for s in full]
             assert all((s["E"], s["H"], s["I"]) == (f["E"], f["H"], f["I"] // tp) for s, f in zip(shapes, full))
             assert all(s.name.startswith(f"tp{tp}-{model}/T") for s in shapes)
+
+
+def test_expert_parallel_sets_hold_the_local_experts_whole():
+    # Issue 32: expert parallel from the model's dimensions: a rank holds E / EP whole experts
+    # (full I), which are the E and N of vLLM's config file for that layout.
+    sets = BLOCK.shape_sets()
+    for model, full in (("gpt-oss-120b", sets["gpt-oss-120b-vllm"]), ("gpt-oss-20b", sets["gpt-oss-20b-vllm"])):
+        for ep in (2, 4, 8):
+            shapes = sets[f"ep{ep}-{model}"]
+            assert [s["T"] for s in shapes] == [s["T"] for s in full]
+            assert all((s["E"], s["H"], s["I"], s["TOPK"]) == (f["E"] // ep, f["H"], f["I"], f["TOPK"])
+                       for s, f in zip(shapes, full))
+            assert all(s.name.startswith(f"ep{ep}-{model}/T") for s in shapes)
+    # Generated, not listed: a layout exists only where it divides the model (and a rank keeps at
+    # least TOPK experts to route each token to).
+    assert MODULE.parallel_layouts(8, 96, 4) == {"tp2": (8, 48), "tp4": (8, 24), "tp8": (8, 12), "ep2": (4, 96)}
+    assert MODULE.parallel_layouts(12, 90, 2) == {"tp2": (12, 45), "ep2": (6, 90), "ep4": (3, 90)}
+
+
+def test_a_job_chooses_a_parallel_layout_by_its_shape_set(tmp_path, catalog):
+    from kernelforge.job import load_job
+    from kernelforge.search.plan import plan_studies
+
+    path = tmp_path / "ep.toml"
+    path.write_text('[job]\nname = "ep"\ndevice = "cuda"\n\n[strategy]\nevaluations = 2\n\n'
+                    '[[blocks]]\nid = "moe/gpt_oss_experts"\nshapes = "ep8-gpt-oss-120b"\n')
+    job = load_job(path, catalog)
+    (study, *_) = plan_studies(job, catalog)
+    assert [s.name for s in study.shapes][:2] == ["ep8-gpt-oss-120b/T1", "ep8-gpt-oss-120b/T2"]
+    assert {(s["E"], s["I"]) for s in study.shapes} == {(16, 2880)}
