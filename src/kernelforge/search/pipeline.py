@@ -88,8 +88,10 @@ class Pipeline:
             evaluations = [Evaluation(s, Verification(status, message=message), block.counts(s, self.run.dtype))
                            for s in missing]
         else:
-            if candidate.id not in self.run.baseline_ids(block.id):  # the baseline beside the candidates
-                self.retimer.before(block, missing, self.plans.get(block.id))
+            # The baseline beside the candidates; then the view shows the candidate again.
+            if candidate.id not in self.run.baseline_ids(block.id) and self.retimer.before(
+                    block, missing, self.plans.get(block.id)):
+                self.run.progress.event("measuring", block=block.id, candidate=candidate.id, params=candidate.point)
             evaluations = self.run.executor.evaluate(block, candidate.source, missing, self.run.dtype,
                                                      plan=self.plans.get(block.id))
         for ev in evaluations:

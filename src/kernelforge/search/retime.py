@@ -35,11 +35,12 @@ class BaselineRetimer:
         #: (block id, shape name) -> evaluations on the shape since its baseline was last timed (by this run)
         self._since: dict[tuple[str, str], int] = {}
 
-    def before(self, block: Block, shapes: list[Shape], plan: TimingPlan | None) -> None:
-        """Before a candidate is evaluated on ``shapes``: re-time the baselines that are due."""
+    def before(self, block: Block, shapes: list[Shape], plan: TimingPlan | None) -> bool:
+        """Before a candidate is evaluated on ``shapes``: re-time the baselines that are due (True
+        when some were)."""
         run = self.run
         if not run.executor.runs_code:
-            return  # a replay: the recording is all there is
+            return False  # a replay: the recording is all there is
         baselines = run.baselines[block.id]
         due: dict[str, list[Shape]] = {}
         for shape in shapes:
@@ -50,6 +51,7 @@ class BaselineRetimer:
             self._retime(block, group, plan)
         for shape in shapes:  # the candidate about to be evaluated
             self._since[(block.id, shape.name)] += 1
+        return bool(due)
 
     def _retime(self, block: Block, group: list[Shape], plan: TimingPlan | None) -> None:
         run = self.run
