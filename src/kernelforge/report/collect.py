@@ -284,7 +284,8 @@ def _progress(order: list[str], table: Table, base: dict[str, StoredResult], sha
         if tune is Tune.PER_SHAPE:
             if value is not None:
                 for s in measured:
-                    best_per_shape[s] = max(best_per_shape[s], speedup(baseline_at(base, rows[s]), rows[s]))  # type: ignore[type-var]
+                    here = speedup(baseline_at(base, rows[s]), rows[s])
+                    best_per_shape[s] = max(best_per_shape[s], here)  # type: ignore[type-var]
             best_line.append((index, geomean(list(best_per_shape.values()))))
         else:
             if value is not None and len(measured) == len(shapes):
