@@ -78,6 +78,10 @@ def test_shipped_jobs_parse():
         (("evaluations = 3", "evaluations = true"), "[strategy] evaluations: expected a positive integer"),
         (('dtype = "float16"', 'dtype = "float16"\ntarget = "sm_999"'), "[job] target: unknown compile target 'sm_999'"),
         (("[[blocks]]", "[blocks]"), "expected an array of tables"),
+        # Issue 32: how often the baseline is re-timed beside the candidates.
+        (("evaluations = 3", "evaluations = 3\nbaseline_every = 0"), "[strategy] baseline_every: must be at least 1"),
+        (("evaluations = 3", 'evaluations = 3\nbaseline_every = "often"'),
+         "[strategy] baseline_every: expected a number of evaluations"),
     ],
 )
 def test_malformed_jobs_name_file_and_field(tmp_path, change, fragment):

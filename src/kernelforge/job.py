@@ -16,6 +16,7 @@
     name = "auto"                 # auto | tpe | random | grid | gp | cmaes | nsga2 | optuna-random (strategies.names)
     evaluations = 8               # per block (per block and shape with tune = "per-shape")
     max_minutes = 3.0             # optional wall-clock cap for the whole job
+    baseline_every = 1            # re-time the baseline before every Nth evaluation (default: by device)
     warm_start = ["h100-run"]     # optional: first ask the best points of these jobs ("shapes": other shapes)
 
     [[blocks]]
@@ -86,7 +87,7 @@ class Tune(str, Enum):
 TUNE_MODES = tuple(t.value for t in Tune)
 
 _JOB_KEYS = {"name", "description", "device", "target", "dtype", "seed", "storage", "tune", "objective"}
-_STRATEGY_KEYS = {"name", "evaluations", "max_minutes", "warm_start"}
+_STRATEGY_KEYS = {"name", "evaluations", "max_minutes", "warm_start", "baseline_every"}
 _BLOCK_KEYS = {"id", "shapes", "templates"}
 
 @dataclass(frozen=True)
@@ -104,6 +105,8 @@ class StrategySpec:
     evaluations: int = 16
     max_minutes: float | None = None
     warm_start: tuple[str, ...] = ()  # where the first points come from (kernelforge.search.warm)
+    #: re-time a shape group's baseline before every Nth evaluation (None: by device, kernelforge.search.retime)
+    baseline_every: int | None = None
 
 
 @dataclass(frozen=True)
@@ -203,6 +206,10 @@ def parse_job(raw: dict[str, Any], path: Path, catalog=None) -> Job:
     if max_minutes is not None:
         max_minutes = positive_number(f"{path} [strategy] max_minutes", max_minutes, "a number of minutes")
     warm_start = warm_sources(strategy.get("warm_start", []), f"{path} [strategy] warm_start")
+    baseline_every = strategy.get("baseline_every")
+    if baseline_every is not None:
+        baseline_every = count(f"{path} [strategy] baseline_every", baseline_every,
+                               example="a number of evaluations, e.g. 1 (the baseline beside every candidate)")
 
     raw_blocks = raw.get("blocks")
     if not raw_blocks:
@@ -238,7 +245,7 @@ def parse_job(raw: dict[str, Any], path: Path, catalog=None) -> Job:
     return Job(
         name=name, path=path, blocks=tuple(blocks),
         strategy=StrategySpec(strategy_name, evaluations, float(max_minutes) if max_minutes is not None else None,
-                              warm_start),
+                              warm_start, baseline_every),
         device=device, target=target, dtype=dtype, seed=seed, storage=storage, tune=Tune(tune),
         description=str(job.get("description", "")), llm=llm, objective=objective,
     )

@@ -10,6 +10,7 @@ from collections import defaultdict
 from enum import Enum
 from typing import Iterable, Mapping
 
+from kernelforge.baseline_timing import baseline_at
 from kernelforge.errors import UserError
 from kernelforge.result import StoredResult
 
@@ -24,7 +25,9 @@ def by_candidate(results: Iterable[StoredResult]) -> dict[str, dict[str, StoredR
 
 def time_ratio(results: Iterable[StoredResult], baseline: Mapping[str, StoredResult]) -> float | None:
     """THE search objective: the geometric mean over ``results`` of the candidate's median time over
-    the baseline's median time on the same shape (``baseline``: shape name -> the baseline's result).
+    the baseline's median time on the same shape (``baseline``: shape name -> the baseline's result;
+    a :class:`~kernelforge.baseline_timing.BaselineSeries` gives each result the baseline as timed
+    most recently before it, so drift of the machine between the two cannot decide a ranking).
 
     Lower is better; its inverse is :func:`geomean_speedup`. None when there are no results, when
     any result (the candidate's or the baseline's) failed or has no time, or when the baseline
@@ -48,7 +51,7 @@ def _timed_pairs(results: Iterable[StoredResult], baseline: Mapping[str, StoredR
     """(candidate median, baseline median) per result; None unless every result is comparable."""
     pairs = []
     for r in results:
-        base = baseline.get(r.shape)
+        base = baseline_at(baseline, r)
         if base is None or not (r.ok and base.ok) or not r.median_s or not base.median_s:
             return None
         if r.timing_method != base.timing_method:  # one timing method per shape, or no comparison

@@ -338,13 +338,37 @@ def test_mutant_is_caught(path):
     assert rel > 10 * BLOCK.tolerance(torch.float16, "cpu").rel_norm and elem > 10.0, (rel, elem)
 
 
-def test_tensor_parallel_sets_split_the_intermediate_size():
-    # Issue 32: shape sets per TP degree from the model's dimensions (no hand-edited block.py):
-    # a rank holds every expert's I / TP slice, which is the N of vLLM's config file for it.
+@pytest.mark.parametrize("layout", ["tp", "ep"])
+def test_parallel_sets_are_one_rank_of_the_layout(layout):
+    # Issue 32: shape sets per TP and EP degree from the model's dimensions (no hand-edited block.py).
+    # Tensor parallel: a rank holds every expert's I / TP slice; expert parallel: E / EP whole
+    # experts (full I). Those are the E and N of vLLM's config file for the layout.
     sets = BLOCK.shape_sets()
     for model, full in (("gpt-oss-120b", sets["gpt-oss-120b-vllm"]), ("gpt-oss-20b", sets["gpt-oss-20b-vllm"])):
-        for tp in (2, 4, 8):
-            shapes = sets[f"tp{tp}-{model}"]
+        for n in (2, 4, 8):
+            shapes = sets[f"{layout}{n}-{model}"]
+            rank = {"tp": lambda f: (f["E"], f["I"] // n), "ep": lambda f: (f["E"] // n, f["I"])}[layout]
             assert [s["T"] for s in shapes] == [s["T"] for s in full]
-            assert all((s["E"], s["H"], s["I"]) == (f["E"], f["H"], f["I"] // tp) for s, f in zip(shapes, full))
-            assert all(s.name.startswith(f"tp{tp}-{model}/T") for s in shapes)
+            assert all(((s["E"], s["I"]), s["H"], s["TOPK"]) == (rank(f), f["H"], f["TOPK"])
+                       for s, f in zip(shapes, full))
+            assert all(s.name.startswith(f"{layout}{n}-{model}/T") for s in shapes)
+
+
+def test_parallel_layouts_are_generated_where_they_divide_the_model():
+    # Generated, not listed: a layout exists only where it divides the model (and a rank keeps at
+    # least TOPK experts to route each token to).
+    assert MODULE.parallel_layouts(8, 96, 4) == {"tp2": (8, 48), "tp4": (8, 24), "tp8": (8, 12), "ep2": (4, 96)}
+    assert MODULE.parallel_layouts(12, 90, 2) == {"tp2": (12, 45), "ep2": (6, 90), "ep4": (3, 90)}
+
+
+def test_a_job_chooses_a_parallel_layout_by_its_shape_set(tmp_path, catalog):
+    from kernelforge.job import load_job
+    from kernelforge.search.plan import plan_studies
+
+    path = tmp_path / "ep.toml"
+    path.write_text('[job]\nname = "ep"\ndevice = "cuda"\n\n[strategy]\nevaluations = 2\n\n'
+                    '[[blocks]]\nid = "moe/gpt_oss_experts"\nshapes = "ep8-gpt-oss-120b"\n')
+    job = load_job(path, catalog)
+    (study, *_) = plan_studies(job, catalog)
+    assert [s.name for s in study.shapes][:2] == ["ep8-gpt-oss-120b/T1", "ep8-gpt-oss-120b/T2"]
+    assert {(s["E"], s["I"]) for s in study.shapes} == {(16, 2880)}

@@ -256,7 +256,8 @@ def test_a_postgresql_password_and_the_key_stay_out_of_a_real_server_search(tmp_
     with engine.begin() as conn:
         stored = conn.execute(sa.text("select count(*) from kf_results where job = :job"), {"job": name}).scalar()
         for table in ("kf_candidates", "kf_compiles", "kf_results", "kf_llm_calls", "kf_templates",
-                      "kf_confirmations", "kf_locks", "kf_workers", "kf_budgets", "kf_claims", "kf_finished"):
+                      "kf_confirmations", "kf_locks", "kf_workers", "kf_budgets", "kf_claims", "kf_finished",
+                      "kf_baseline_timings"):
             rows = conn.execute(sa.text(f"select * from {table}")).all()
             texts[table] = json.dumps([[str(v) for v in row] for row in rows])
         # A live lead on another host: the next search of the job joins it as a worker (here without

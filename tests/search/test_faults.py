@@ -17,6 +17,7 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
+from kernelforge.baseline_timing import BaselineSeries, baseline_at
 from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
 from kernelforge.cli.main import main
@@ -81,10 +82,12 @@ def test_a_search_survives_crashing_hanging_and_memory_hungry_candidates(tmp_pat
         assert by_mode[(mode, 256)].median_s is None
     base, other = by_mode[("ok", 256)], by_mode[("ok", 64)]
     assert base.ok and other.ok and base.median_s > 0 and other.median_s > 0
-    # The speedups the search reported are the stored times' ratio; no faulty one is reported.
+    # The speedups the search reported are the stored times' ratio (the baseline as timed most
+    # recently before the candidate: it is re-timed beside the candidates); no faulty one is reported.
     reported = {d["candidate"]: d["speedup"] for k, d in recorder.events if k == "evaluated" and d.get("candidate")}
     other_id = next(c.id for c in store.candidates() if c.params == {"MODE": "ok", "BLOCK": 64})
-    assert reported[other_id] == pytest.approx(base.median_s / other.median_s)
+    series = BaselineSeries({other.shape: base}, store.baseline_timings("toy/faulty"))
+    assert reported[other_id] == pytest.approx(baseline_at(series, other).median_s / other.median_s)
     assert all(speedup is None for cid, speedup in reported.items() if cid != other_id)
     assert {c.candidate_id for c in store.confirmations()} <= {other_id}
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from kernelforge.baseline_timing import BaselineSeries, baseline_at
 from kernelforge.candidate import Candidate, source_id
 from kernelforge.catalog import Catalog
 from kernelforge.job import load_job
@@ -89,9 +90,12 @@ def test_each_shape_is_compared_with_its_own_baseline(tmp_path):
     assert all(stored[i].origin == "baseline" for i in ids.values())
     table = by_candidate(store.results(block=BLOCK))
     assert all(set(table[i]) == set(POINTS) for i in ids.values())
+    # Each result against its shape's own baseline as timed most recently before it (re-timed
+    # beside the candidates: kernelforge.baseline_timing).
+    series = BaselineSeries({s: table[ids[s]][s] for s in POINTS}, store.baseline_timings(BLOCK))
     for event in evaluated:
         rows = table[event["candidate"]]
-        own = math.exp(sum(math.log(table[ids[s]][s].median_s / rows[s].median_s) for s in POINTS) / 3)
+        own = math.exp(sum(math.log(baseline_at(series, rows[s]).median_s / rows[s].median_s) for s in POINTS) / 3)
         single = math.exp(sum(math.log(table[ids["n200"]][s].median_s / rows[s].median_s) for s in POINTS) / 3)
         assert event["speedup"] == pytest.approx(own, rel=1e-12)
         assert event["speedup"] != pytest.approx(single, rel=1e-12)  # not against one [baseline] point
@@ -117,9 +121,11 @@ def test_per_shape_studies_start_at_their_shapes_baseline(tmp_path):
     table = by_candidate(store.results(block=BLOCK))
     speedups = [e for e in recorder.of("evaluated") if e["speedup"] is not None]
     assert len(speedups) == 6
+    series = BaselineSeries({s: table[ids[s]][s] for s in POINTS}, store.baseline_timings(BLOCK))
     for event in speedups:
         rows = table[event["candidate"]]
-        own = [s for s in rows if event["speedup"] == pytest.approx(table[ids[s]][s].median_s / rows[s].median_s)]
+        own = [s for s in rows
+               if event["speedup"] == pytest.approx(baseline_at(series, rows[s]).median_s / rows[s].median_s)]
         assert own, f"{event['candidate']}'s speedup is over no shape's own baseline"
 
 

@@ -57,6 +57,17 @@ PRESETS: dict[str, tuple[int, int, int, int]] = {
 
 #: Tensor-parallel degrees with a shape set each (``tp<N>-<model>``: I / N per rank).
 TP_DEGREES: tuple[int, ...] = (2, 4, 8)
+#: Expert-parallel degrees with a shape set each (``ep<N>-<model>``: E / N local experts, full I).
+EP_DEGREES: tuple[int, ...] = (2, 4, 8)
+
+
+def parallel_layouts(E: int, I: int, topk: int) -> dict[str, tuple[int, int]]:
+    """The layouts of one rank generated from a model's dimensions: ``tp<N>`` and ``ep<N>`` ->
+    the rank's (E, I). Tensor parallel: every expert's 1/N slice of I. Expert parallel: E / N whole
+    experts (only where N divides E and the rank keeps at least TOPK experts)."""
+    layouts = {f"tp{n}": (E, I // n) for n in TP_DEGREES if I % n == 0}
+    layouts.update({f"ep{n}": (E // n, I) for n in EP_DEGREES if E % n == 0 and E // n >= topk})
+    return layouts
 
 #: Skewed routing: sampling without replacement with weights (rank + 1) ** -_SKEW_EXPONENT over a
 #: random permutation of the experts, so a few (seed-dependent) experts get most tokens.
@@ -167,11 +178,12 @@ class GptOssExperts(Block):
             sets[f"{model}-prefill"] = [_shape(f"{model}/T{T}", T=T, E=E, H=H, I=I, topk=topk) for T in PREFILL_TOKENS]
             # vLLM's tuner grid: the token counts of its fused_moe config files.
             sets[f"{model}-vllm"] = [_shape(f"{model}/T{T}", T=T, E=E, H=H, I=I, topk=topk) for T in VLLM_BATCH_SIZES]
-            # Tensor parallel: each of TP ranks holds every expert's 1/TP slice of the intermediate
-            # size, so a rank runs this block with I / TP (vLLM's config file N). vLLM's token grid.
-            for tp in TP_DEGREES:
-                sets[f"tp{tp}-{model}"] = [_shape(f"tp{tp}-{model}/T{T}", T=T, E=E, H=H, I=I // tp, topk=topk)
-                                           for T in VLLM_BATCH_SIZES]
+            # One rank of a parallel layout (vLLM's config file E and N for it), at vLLM's token
+            # grid: tensor parallel (I / TP) and expert parallel (E / EP local experts, full I;
+            # each token the rank receives routed to TOPK of them).
+            for layout, (rank_e, rank_i) in parallel_layouts(E, I, topk).items():
+                sets[f"{layout}-{model}"] = [_shape(f"{layout}-{model}/T{T}", T=T, E=rank_e, H=H, I=rank_i, topk=topk)
+                                             for T in VLLM_BATCH_SIZES]
         return sets
 
     def compile_shape(self) -> Shape:

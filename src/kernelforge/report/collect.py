@@ -18,6 +18,7 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any, Sequence
 
+from kernelforge.baseline_timing import BaselineSeries, baseline_at
 from kernelforge.block import Shape
 from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
@@ -99,7 +100,9 @@ def _collect_block(job: Job, catalog: Catalog, store: Store, spec: BlockSpec,
     env = rows[0].env if rows else {}
     table = by_candidate(rows)
     # Each shape's speedups are over that shape's own baseline (never another shape's point).
-    base = baseline_results(table, {s: b.candidate for s, b in baselines.items()})
+    # Each candidate's result against the baseline as timed most recently before it.
+    base = BaselineSeries(baseline_results(table, {s: b.candidate for s, b in baselines.items()}),
+                          store.baseline_timings(block.id, job.dtype, env_key))
     candidates = {c.id: c for c in store.candidates(block.id)}
     statuses: Counter = Counter()
     worst: dict[str, str] = {}
@@ -141,7 +144,7 @@ def _collect_block(job: Job, catalog: Catalog, store: Store, spec: BlockSpec,
     )
 
 
-def _shape_rows(tune: Tune, shapes: list[Shape], table: Table, baselines: Baselines, base_rows: dict[str, StoredResult],
+def _shape_rows(tune: Tune, shapes: list[Shape], table: Table, baselines: Baselines, base_rows: BaselineSeries,
                 candidates: dict[str, StoredCandidate], confirmations: list[StoredConfirmation],
                 ceilings: Ceilings | None) -> list[ShapeRow]:
     """One row per shape: the winner of the shape's study (the best candidate over the group that
@@ -155,8 +158,10 @@ def _shape_rows(tune: Tune, shapes: list[Shape], table: Table, baselines: Baseli
         for shape in group:
             own = baselines[shape.name]
             winner = group_winner or own.candidate
-            base = base_rows.get(shape.name)
             best = table.get(winner, {}).get(shape.name)
+            # The baseline as timed most recently before the winner's result (its first timing for
+            # the baseline itself): the search's figures of the row are one comparison.
+            base = baseline_at(base_rows, best) if best is not None else base_rows.get(shape.name)
             # Only pairs against this shape's own baseline back its speedup; a re-run's confirmation
             # supersedes earlier ones.
             confirmed = [c for c in confirmations if c.shape == shape.name and c.candidate_id == winner
@@ -175,7 +180,7 @@ def _shape_rows(tune: Tune, shapes: list[Shape], table: Table, baselines: Baseli
                 significant=bool(conf and conf.p20 > 1.0),
                 search_baseline_s=base.median_s if base else None, search_best_s=best.median_s if best else None,
                 search_speedup=search, pair_speedup=conf.median if conf else None,
-                baseline_timings=_baseline_timings(base, own.candidate, shape.name, confirmations),
+                baseline_timings=_baseline_timings(base_rows, own.candidate, shape.name, confirmations),
                 flops=base.flops if base else None, bytes=base.bytes if base else None,
                 timing_label=base.timing_label if base else None, timing_method=base.timing_method if base else None,
                 roofline=ShapeRoofline(
@@ -186,11 +191,13 @@ def _shape_rows(tune: Tune, shapes: list[Shape], table: Table, baselines: Baseli
     return rows
 
 
-def _baseline_timings(base: StoredResult | None, baseline_id: str, shape: str,
+def _baseline_timings(base: BaselineSeries, baseline_id: str, shape: str,
                       confirmations: list[StoredConfirmation]) -> tuple[float, ...]:
-    """Every stored timing of a shape's baseline: the search's median, then the baseline half of
-    each confirmation pair against it (any candidate's), in stored order."""
-    search = (base.median_s,) if base is not None and base.ok and base.median_s else ()
+    """Every stored timing of a shape's baseline: the search's (its first, then each re-timing
+    beside the candidates), then the baseline half of each confirmation pair against it (any
+    candidate's), in stored order."""
+    first = base.get(shape)
+    search = base.timings(shape) if first is not None and first.ok else ()
     pairs = tuple(b for c in confirmations if c.shape == shape and c.baseline_id == baseline_id
                   for b, _ in c.pair_times)
     return search + pairs
@@ -277,7 +284,8 @@ def _progress(order: list[str], table: Table, base: dict[str, StoredResult], sha
         if tune is Tune.PER_SHAPE:
             if value is not None:
                 for s in measured:
-                    best_per_shape[s] = max(best_per_shape[s], speedup(base.get(s), rows[s]))  # type: ignore[type-var]
+                    here = speedup(baseline_at(base, rows[s]), rows[s])
+                    best_per_shape[s] = max(best_per_shape[s], here)  # type: ignore[type-var]
             best_line.append((index, geomean(list(best_per_shape.values()))))
         else:
             if value is not None and len(measured) == len(shapes):

@@ -176,8 +176,8 @@ def _baselines_markdown(block: BlockReport) -> list[str]:
     if not block.baselines:
         return []
     lines = [f"### Baselines of {block.block}", "",
-             "Timings: every stored timing of the shape's baseline (the search's and the baseline half of each "
-             "confirmation pair), fastest to slowest and their ratio: how far the baseline itself drifted.", "",
+             "Timings: every stored timing of the shape's baseline (the search's first, its re-timings beside the "
+             "candidates, and the baseline half of each confirmation pair), fastest to slowest and their ratio: how far the baseline itself drifted.", "",
              "| shape | baseline | point | source | timings | a speedup here is |", "|---|---|---|---|---|---|"]
     for row in block.shapes:
         lines.append(f"| {row.shape} | `{row.baseline}` | {params_text(row.baseline_params)} | "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 
+from kernelforge.baseline_timing import BaselineSeries
 from kernelforge.devices.base import quantiles
 from kernelforge.objective import baseline_results, by_candidate, rank
 from kernelforge.search.context import RunContext
@@ -40,7 +41,9 @@ def confirm(run: RunContext, top: int | None = None, *, deadline: float | None =
         base_ids = run.baseline_ids(block.id)
         table = by_candidate(r for r in run.store.results(block=block.id, dtype=run.dtype_name)
                              if r.env_key == run.env_key)
-        base = baseline_results(table, {name: c.id for name, c in baselines.items()})
+        # Each candidate ranked against the baseline as timed most recently before it.
+        base = BaselineSeries(baseline_results(table, {name: c.id for name, c in baselines.items()}),
+                              run.store.baseline_timings(block.id, run.dtype_name, run.env_key))
         for group in run.job.tune.groups(shapes):
             ranked = [(cid, s) for cid, s in rank(table, base, [x.name for x in group])
                       if cid not in base_ids and s > 1.0][:top]

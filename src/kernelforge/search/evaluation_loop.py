@@ -106,7 +106,8 @@ class EvaluationLoop:
         point did): their objective, or ``infeasible`` with its reason when they are a resource
         rejection (:meth:`Pipeline.infeasible`: nothing ran). Returns the time ratio (the speedup's
         inverse, whatever the run's objective: energy or a (time, energy) pair are told, not shown)."""
-        baseline = self.baselines[study.block.id]
+        # The baseline as timed most recently before these results (kernelforge.baseline_timing).
+        baseline = self.pipeline.series(study.block.id, self.baselines[study.block.id])
         value = None
         if infeasible is not None:
             study.strategy.infeasible(point, infeasible)

@@ -13,6 +13,7 @@ import time
 from concurrent.futures import Future
 from dataclasses import asdict
 
+from kernelforge.baseline_timing import BaselineSeries
 from kernelforge.block import Block, Shape
 from kernelforge.candidate import Candidate
 from kernelforge.errors import UserError
@@ -21,6 +22,7 @@ from kernelforge.targets import parse_target
 from kernelforge.result import Evaluation, Status, StoredResult, Verification, resource_rejected
 from kernelforge.search.context import RunContext
 from kernelforge.search.gate import PolicyGate
+from kernelforge.search.retime import BaselineRetimer
 from kernelforge.search.shared import shapes_key
 from kernelforge.store.ledger import ClaimState
 
@@ -38,6 +40,7 @@ class Pipeline:
         self.pool = pool
         #: block id -> the timing method of each shape, its baseline's (set by measure_baselines)
         self.plans: dict[str, TimingPlan] = {}
+        self.retimer = BaselineRetimer(run)
 
     def stored(self, candidate: Candidate, shapes: list[Shape]) -> dict[str, StoredResult]:
         """The candidate's results already stored under this run's environment, by shape name."""
@@ -85,6 +88,10 @@ class Pipeline:
             evaluations = [Evaluation(s, Verification(status, message=message), block.counts(s, self.run.dtype))
                            for s in missing]
         else:
+            # The baseline beside the candidates; then the view shows the candidate again.
+            if candidate.id not in self.run.baseline_ids(block.id) and self.retimer.before(
+                    block, missing, self.plans.get(block.id)):
+                self.run.progress.event("measuring", block=block.id, candidate=candidate.id, params=candidate.point)
             evaluations = self.run.executor.evaluate(block, candidate.source, missing, self.run.dtype,
                                                      plan=self.plans.get(block.id))
         for ev in evaluations:
@@ -92,6 +99,12 @@ class Pipeline:
             self.run.store.add_result(row)
             results[ev.shape.name] = row
         return results
+
+    def series(self, block_id: str, baseline: dict[str, StoredResult]) -> BaselineSeries:
+        """``baseline`` (shape name -> the baseline's first result) with every stored re-timing of
+        it in this run's conditions: what candidates' results are compared with."""
+        run = self.run
+        return BaselineSeries(baseline, run.store.baseline_timings(block_id, run.dtype_name, run.env_key))
 
     def store_rejected(self, block: Block, candidate: Candidate, shapes: list[Shape], message: str) -> None:
         """Store ``candidate``, with its source, as rejected on every shape: nothing of it ran."""

@@ -113,6 +113,25 @@ confirmations_table = sa.Table(
 )
 
 
+# Every re-timing of a shape's baseline through a search (its first timing is its row in
+# kf_results): a candidate is compared with the baseline as timed most recently before it
+# (kernelforge.baseline_timing), and the report shows their spread.
+baseline_timings_table = sa.Table(
+    "kf_baseline_timings", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("job", sa.String(200), nullable=False),
+    sa.Column("block", sa.String(200), nullable=False, index=True),
+    sa.Column("shape", sa.String(200), nullable=False),
+    sa.Column("dtype", sa.String(16), nullable=False),
+    sa.Column("env_key", sa.String(32), nullable=False),
+    sa.Column("baseline_id", sa.String(32), sa.ForeignKey("kf_candidates.id"), nullable=False),
+    sa.Column("median_s", sa.Float, nullable=False),
+    sa.Column("p20_s", sa.Float),
+    sa.Column("p80_s", sa.Float),
+    sa.Column("timing_method", sa.String(32)),
+    sa.Column("created", sa.Float, nullable=False),
+)
+
 # Templates written by the LLM generator: a resumed or replayed search rebuilds them from here (the
 # candidates alone would not do: Optuna tunes the template, not one rendering of it).
 templates_table = sa.Table(
@@ -211,7 +230,8 @@ finished_table = sa.Table(
 )
 
 #: Tables added after schema version 1 without changing it: created on open when missing.
-ADDED_TABLES = (templates_table, llm_calls_table, workers_table, budgets_table, claims_table, finished_table)
+ADDED_TABLES = (templates_table, llm_calls_table, workers_table, budgets_table, claims_table, finished_table,
+                baseline_timings_table)
 #: Columns added after schema version 1 (nullable, so older rows read None): added on open when missing.
 ADDED_COLUMNS = ((results_table, "host_launch_s"), (confirmations_table, "pair_times"))
 

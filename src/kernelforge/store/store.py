@@ -16,7 +16,8 @@ A source stored that way differs from the one that ran (its id is the hash of th
 The pieces: :mod:`~kernelforge.store.schema` (tables; foreign, damaged and newer databases are
 refused untouched), :mod:`~kernelforge.store.engine` (SQLite settings, write failures),
 :mod:`~kernelforge.store.records` (what the queries return), :mod:`~kernelforge.store.llm_log`
-(the LLM call log), :mod:`~kernelforge.store.ledger` (the workers of a job, their claims and
+(the LLM call log), :mod:`~kernelforge.store.baseline_log` (the baseline's re-timings),
+:mod:`~kernelforge.store.ledger` (the workers of a job, their claims and
 shared budgets) and :mod:`~kernelforge.store.lock` (the lead worker's lock).
 """
 
@@ -34,7 +35,8 @@ from sqlalchemy.exc import IntegrityError
 from kernelforge.candidate import Candidate
 from kernelforge.redact import redact_data, register_url
 from kernelforge.result import StoredResult
-from kernelforge.store import llm_log, llm_stats, lock
+from kernelforge.baseline_timing import BaselineTiming
+from kernelforge.store import baseline_log, llm_log, llm_stats, lock
 from kernelforge.store.llm_stats import ModelStats
 from kernelforge.errors import UserError
 from kernelforge.store.backup import backup_sqlite
@@ -260,6 +262,16 @@ class Store:
             query = query.where(confirmations_table.c.job == job)
         with self.engine.connect() as conn:
             return [confirmation_record(r) for r in conn.execute(query).mappings()]
+
+    # -- the baseline's re-timings (kernelforge.store.baseline_log) ----------------------------
+
+    def add_baseline_timing(self, timing: BaselineTiming) -> None:
+        """Store one re-timing of a shape's baseline taken during a search."""
+        baseline_log.add_baseline_timing(self.engine, timing)
+
+    def baseline_timings(self, block: str, dtype: str | None = None, env_key: str | None = None) -> list[BaselineTiming]:
+        """The stored re-timings of ``block``'s baselines (of one dtype and environment), oldest first."""
+        return baseline_log.baseline_timings(self.engine, block, dtype, env_key)
 
     # -- LLM templates and transcripts (kernelforge.store.llm_log) -----------------------------
 

@@ -21,6 +21,7 @@ from click.testing import CliRunner
 
 from kernelforge.block import DTYPES
 from kernelforge.candidate import Candidate
+from kernelforge.catalog import Catalog
 from kernelforge.cli.main import main
 from kernelforge.execute.judge.contract import allocate
 from kernelforge.report.collect import collect
@@ -208,3 +209,59 @@ def test_the_dispatcher_refuses_bf16_in_the_interpreter_without_kernelforges_fix
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setitem(sys.modules, "kernelforge.devices.interpreter", None)
     disp._interpreter_bf16({"x": x})  # on a GPU nothing is checked
+
+
+@pytest.mark.interpreter
+def test_the_exported_configs_feed_triton_autotune(exported):
+    # Issue 32: the export's CONFIGS are the template's points (its names, its num_warps), which
+    # @triton.autotune cannot take. AUTOTUNE_CONFIGS are each winner's launches read off its source,
+    # under the kernel's own constexpr names: triton.autotune takes them as they are.
+    import triton
+
+    folder, rows = exported["folder"], exported["rows"]
+    disp = _import(folder / "toy_rows.py", "kf_test_dispatcher_autotune")
+    try:
+        configs = disp.AUTOTUNE_CONFIGS["_axpy"]
+        points = {(r.params["BLOCK"], r.params["num_warps"]) for r in rows.values()}
+        assert {(c.kwargs["BLOCK"], c.num_warps) for c in configs} == points and len(configs) == len(points)
+        assert all(set(c.kwargs) == {"BLOCK"} for c in configs) and disp.AUTOTUNE_HOST_BOUND == {}
+        timed = []
+
+        def wall_clock(call, quantiles):  # the interpreter has no GPU events: its wall time, labelled nowhere
+            start = time.perf_counter()
+            call()
+            timed.append(time.perf_counter() - start)
+            return [timed[-1]] * len(quantiles)
+
+        tuned = triton.autotune(configs=configs, key=["n"], do_bench=wall_clock)(disp.jit_kernel("_axpy"))
+        x, y = torch.randn(3, 100, dtype=torch.float16), torch.randn(3, 100, dtype=torch.float16)
+        out = torch.empty_like(x)
+        n = x.numel()
+        tuned[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, out, 0.5, n)
+        assert len(timed) == len(configs)  # every exported config was launched by the autotuner
+        assert tuned.best_config in configs
+        torch.testing.assert_close(out.float(), 0.5 * x.float() + y.float(), atol=2e-3, rtol=2e-3)
+    finally:
+        sys.modules.pop("kf_test_dispatcher_autotune", None)
+
+
+def test_autotune_configs_are_read_off_the_launches_by_the_kernels_names():
+    # The MoE template launches GEMM2 with its own parameters under the kernel's names
+    # (BLOCK_SIZE_N=BLOCK_SIZE_N2); run-time values (TOPK=topk) and model constants (ALPHA) stay
+    # with the caller; BLOCK_SIZE_M is also read by the host code (the padding to it): host-bound.
+    from kernelforge.report.export.autotune import autotune_table
+
+    real = Catalog.discover(Path(__file__).resolve().parents[2] / "kernels")
+    template = real.baseline("moe/gpt_oss_experts")
+    point = {**dict(template.baseline), "BLOCK_SIZE_N2": 32, "num_warps2": 8}
+    source = Candidate.from_template(template, point).source
+    table = autotune_table({"moe.py": (source, point)})
+    (gemm2,) = table.configs["_gemm2_kernel"]
+    assert dict(gemm2.kwargs) == {"BLOCK_SIZE_M": point["BLOCK_SIZE_M"], "BLOCK_SIZE_N": 32,
+                                  "BLOCK_SIZE_K": point["BLOCK_SIZE_K2"], "GROUP_SIZE_M": point["GROUP_SIZE_M2"]}
+    assert dict(gemm2.options) == {"num_warps": 8, "num_stages": point["num_stages2"]}
+    (gemm1,) = table.configs["_gemm1_swiglu_kernel"]
+    assert dict(gemm1.kwargs)["HALF_N"] == point["BLOCK_SIZE_N"] // 2
+    assert not {"TOPK", "ALPHA", "LIMIT"} & set(dict(gemm1.kwargs))
+    assert "BLOCK_SIZE_M" in table.host_bound["_gemm1_swiglu_kernel"]
+    assert gemm2.expr().startswith("triton.Config({'BLOCK_SIZE_M': ")

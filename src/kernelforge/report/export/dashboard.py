@@ -36,6 +36,7 @@ from kernelforge.catalog import Catalog
 from kernelforge.errors import UserError
 from kernelforge.store.failures import storage_error
 from kernelforge.job import BlockSpec, Job
+from kernelforge.baseline_timing import BaselineSeries
 from kernelforge.objective import baseline_results, by_candidate, geomean_speedup, time_ratio
 from kernelforge.redact import redact_url
 from kernelforge.result import StoredResult
@@ -134,7 +135,8 @@ def _mirror_block(optuna: Any, storage: Any, existing: dict[str, Any], job: Job,
     if env_key is None:
         return []
     table = by_candidate(r for r in rows if r.env_key == env_key)
-    base = baseline_results(table, {s: c.id for s, c in baselines.items()})
+    base = BaselineSeries(baseline_results(table, {s: c.id for s, c in baselines.items()}),
+                          store.baseline_timings(block.id, job.dtype, env_key))  # as the search told them
     candidates = {c.id: c for c in store.candidates(block.id)}
     spaces = _spaces(catalog, store, block.id)
     out = []

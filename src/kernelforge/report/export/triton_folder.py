@@ -10,8 +10,12 @@ each tuned shape's own winner.
   winner by vLLM's rule (the tuned token count nearest the call's, ties to the smaller, among the
   shapes whose other dimensions match the call) and forwards to that module's ``run``. The winner
   modules are imported lazily, by path relative to the dispatcher, so the folder can be copied
-  anywhere. ``winner_for(tokens, **dims)`` names the candidate, ``config_for`` gives its
-  ``triton.Config`` (``CONFIGS`` / ``SHAPE_CONFIGS`` keep the points for readers).
+  anywhere. ``winner_for(tokens, **dims)`` names the candidate, ``config_for`` gives its point
+  as a ``triton.Config`` under the template's names (``CONFIGS`` / ``SHAPE_CONFIGS``, for readers).
+  ``AUTOTUNE_CONFIGS`` are what ``@triton.autotune`` takes: per ``@triton.jit`` kernel of the
+  winners, each distinct launch's meta-parameters under the kernel's own names, read off the
+  sources (:mod:`kernelforge.report.export.autotune`); ``jit_kernel(name)`` gives the kernel to
+  wrap, and ``AUTOTUNE_HOST_BOUND`` names the meta-parameters its host code also reads.
 
 Which argument holds a dimension (``DIM_AXES``: dim -> (argument name, axis)) is found by building
 the block's own inputs (``make_inputs``) for its ``smoke`` and ``check`` shapes on the CPU: the
@@ -31,6 +35,7 @@ from kernelforge.block import DTYPES, Block
 from kernelforge.catalog import Catalog
 from kernelforge.errors import UserError
 from kernelforge.execute.judge.contract import allocate
+from kernelforge.report.export.autotune import AutotuneTable, autotune_table
 from kernelforge.report.export.entry import ExportEntry, provenance, slug, winner_files
 from kernelforge.report.records import Report, ShapeRow
 from kernelforge.store.store import Store
@@ -133,6 +138,15 @@ def config_for(tokens, **dims):
     return CONFIGS[SHAPE_CONFIGS[shape_for(tokens, **dims)]]
 
 
+def jit_kernel(name):
+    """The @triton.jit kernel ``name`` of AUTOTUNE_CONFIGS, from the winner module that defines it:
+    wrap it as triton.autotune(configs=AUTOTUNE_CONFIGS[name], key=[...])(jit_kernel(name)) and
+    launch it without those meta-parameters, its grid a function of META. Meta-parameters in
+    AUTOTUNE_HOST_BOUND[name] are also read by the winner's host code (a grid, a padding): the
+    caller computes those from the config too, or leaves them out of the tuning."""
+    return getattr(_module(AUTOTUNE_MODULES[name]), name.split(":")[-1])
+
+
 def run(*args, kf_shape=None, **kwargs):
     """The block's run: forwards to the winner of the call's token count (read off the arguments,
     DIM_AXES), or of the tuned shape ``kf_shape`` when given."""
@@ -175,7 +189,8 @@ def _interpreter_bf16(kwargs):
 
 
 def dispatcher_text(data: Report, block_id: str, rows: list[ShapeRow], modules: dict[str, str],
-                    layout: tuple[tuple[str, ...], dict[str, tuple[str, int | None]]]) -> str:
+                    layout: tuple[tuple[str, ...], dict[str, tuple[str, int | None]]],
+                    autotune: AutotuneTable | None = None) -> str:
     """The source of ``<block>.py``: the shape table and the dispatch of :data:`_DISPATCHER`."""
     names, axes = layout
     tokens = token_dim(rows)
@@ -224,6 +239,12 @@ def dispatcher_text(data: Report, block_id: str, rows: list[ShapeRow], modules: 
         "SHAPE_CONFIGS = {",
         *[f"    {r.shape!r}: {points.index(r.params)}," for r in rows],
         "}",
+        "# For @triton.autotune: per @triton.jit kernel, each distinct launch of the winners (see jit_kernel).",
+        "AUTOTUNE_CONFIGS = {",
+        *[f"    {k!r}: [{', '.join(c.expr() for c in v)}]," for k, v in (autotune.configs if autotune else {}).items()],
+        "}",
+        f"AUTOTUNE_MODULES = {autotune.modules if autotune else {}!r}",
+        f"AUTOTUNE_HOST_BOUND = {autotune.host_bound if autotune else {}!r}",
     ]
     return "\n".join(header) + _DISPATCHER
 
@@ -247,7 +268,8 @@ def triton_modules(data: Report, store: Store,
         if catalog is not None:
             layout = argument_layout(catalog.block(block.block), data.dtype)
         dispatcher = f"{slug(block.block)}.py"
-        files[dispatcher] = dispatcher_text(data, block.block, rows, modules, layout)
+        table = autotune_table({name: (files[name], r.params) for r, name in found})
+        files[dispatcher] = dispatcher_text(data, block.block, rows, modules, layout, table)
         entries.extend(provenance(dispatcher, block.block, r) for r in rows)
     if not files:
         raise UserError(f"job {data.job}: no timed winner stored; run the search first")
