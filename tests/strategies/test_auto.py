@@ -61,7 +61,7 @@ def test_infeasible_points_are_free_and_steer_the_search_away():
     space = grid_space()
     infeasible = lambda p: p["a"] >= 6  # noqa: E731  the half of the space that "cannot run"
     late_infeasible = []
-    for seed in range(5):
+    for seed in range(10):  # ten: a median of five seeds moved by one ask when the draws changed (issue 34)
         strategy = AutoStrategy(space, seed=seed)
         asked = []
         for _ in range(60):
