@@ -9,7 +9,8 @@ Replays the recorded spaces (no device), with the strategy bench's own loop
 (:func:`kernelforge.strategies.bench.run_one`, no stop): a variant is ``auto`` with some of its
 class attributes (``AutoStrategy.start``, ...) set for the run, so a variant is measured exactly
 as the bench measures the shipped strategy. ``--json`` appends one record per space (variant,
-seeds, per-seed best/optimum at each checkpoint) to FILE, one JSON object per line.
+seeds, per-seed best/optimum at each checkpoint and after every evaluation, evaluations to 1%,
+the area and its 95% interval) to FILE, one JSON object per line.
 """
 
 from __future__ import annotations
@@ -68,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.json is not None:
             record = {"space": path.name, "variant": label, "seeds": list(seeds), "budget": args.budget,
                       "at": {c: matrix[:, c - 1].tolist() for c in checks}, "area": area,
-                      "to_1pct": to1}
+                      "to_1pct": to1, "area_interval": anytime.area_interval([r.trace for r in runs], optimum,
+                                                                             args.budget),
+                      "ratios": matrix.round(4).tolist()}
             with args.json.open("a") as out:
                 out.write(json.dumps(record) + "\n")
     return 0
