@@ -221,11 +221,13 @@ class GaussianProcess:
     def _optimise(self, x: np.ndarray, z: np.ndarray, steps: int) -> Hyper:
         """Adam on the log marginal likelihood, from the current hyperparameters."""
         n = len(z)
-        # Per-parameter squared distances (training set only), for the gradient.
-        dsq = []
-        for group in self.groups:
+        # Per-group squared distances (training set only), stacked (groups, n, n): every step's
+        # distances and gradient are then one contraction over the groups, not a loop of them.
+        dsq = np.empty((len(self.groups), n, n))
+        for g, group in enumerate(self.groups):
             diff = x[:, None, group] - x[None, :, group]
-            dsq.append((diff * diff).sum(-1))
+            dsq[g] = (diff * diff).sum(-1)
+        flat = dsq.reshape(len(self.groups), n * n)
         theta = np.concatenate([self.hyper.log_lengths, [self.hyper.log_signal, self.hyper.log_noise]])
         lo = np.concatenate([np.full(len(self.groups), self.min_log_length), [math.log(0.05), self.min_log_noise]])
         hi = np.concatenate([np.full(len(self.groups), self.max_log_length), [math.log(20.0), self.max_log_noise]])
@@ -233,7 +235,7 @@ class GaussianProcess:
         lr, b1, b2 = 0.08, 0.9, 0.999
         for step in range(1, steps + 1):
             lengths2 = np.exp(-2.0 * theta[: len(self.groups)])
-            rsq = sum(d * l2 for d, l2 in zip(dsq, lengths2))
+            rsq = (lengths2 @ flat).reshape(n, n)
             r = np.sqrt(np.maximum(rsq, 0.0))
             signal, noise = math.exp(theta[-2]), math.exp(theta[-1])
             base = np.exp(-SQRT5 * r)
@@ -250,8 +252,7 @@ class GaussianProcess:
             w = np.outer(alpha, alpha) - inv  # d logL / dK = 0.5 * w
             grad = np.empty_like(theta)
             dk_common = signal * (5.0 / 3.0) * (1.0 + SQRT5 * r) * base
-            for i, (d, l2) in enumerate(zip(dsq, lengths2)):
-                grad[i] = 0.5 * np.sum(w * dk_common * d * l2)
+            grad[: len(self.groups)] = 0.5 * lengths2 * (flat @ (w * dk_common).ravel())
             grad[-2] = 0.5 * np.sum(w * k)
             grad[-1] = 0.5 * noise * np.trace(w)
             # Ascend the likelihood, with a weak pull of the lengthscales towards 1 (a prior).

@@ -1,0 +1,81 @@
+"""The development loop for ``auto``'s anytime curve (issue 34): variants of its class constants,
+each run over seeds on recorded spaces, the median best/optimum after 10, 25, 50 and 100
+evaluations per space, the area under that curve and the evaluations to 1%.
+
+    PYTHONPATH=src python benchmarks/anytime_variants.py SPACE.json.gz [...] --seeds 20 --budget 100 \
+        [--strategy auto] [--set start=8 --set ...] [--json FILE]
+
+Replays the recorded spaces (no device), with the strategy bench's own loop
+(:func:`kernelforge.strategies.bench.run_one`, no stop): a variant is ``auto`` with some of its
+class attributes (``AutoStrategy.start``, ...) set for the run, so a variant is measured exactly
+as the bench measures the shipped strategy. ``--json`` appends one record per space (variant,
+seeds, per-seed best/optimum at each checkpoint and after every evaluation, evaluations to 1%,
+the area and its 95% interval) to FILE, one JSON object per line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from kernelforge.strategies import anytime  # noqa: E402
+from kernelforge.strategies.auto import AutoStrategy  # noqa: E402
+from kernelforge.strategies.bench import run_one  # noqa: E402
+from kernelforge.strategies.recorded import load_kernel_tuner_cache  # noqa: E402
+
+CHECKS = (10, 25, 50, 100)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("spaces", nargs="+", type=Path)
+    parser.add_argument("--strategy", default="auto")
+    parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--budget", type=int, default=100)
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="an AutoStrategy class attribute for this run (a Python literal)")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    settings = {}
+    for item in args.set:
+        name, _, value = item.partition("=")
+        if not hasattr(AutoStrategy, name):
+            parser.error(f"--set {item}: AutoStrategy has no attribute {name!r}")
+        settings[name] = json.loads(value)
+        setattr(AutoStrategy, name, settings[name])
+    label = args.strategy + "".join(f" {k}={v}" for k, v in settings.items())
+    for path in args.spaces:
+        space = load_kernel_tuner_cache(path)
+        _, optimum = space.optimum()
+        seeds = range(args.first_seed, args.first_seed + args.seeds)
+        runs = [run_one(space, args.strategy, seed, args.budget) for seed in seeds]
+        matrix = anytime.curve_matrix([r.trace for r in runs], optimum, args.budget)
+        checks = [c for c in CHECKS if c <= args.budget]
+        medians = {c: float(statistics.median(matrix[:, c - 1])) for c in checks}
+        area = anytime.area(anytime.median_curve([r.trace for r in runs], optimum, args.budget))
+        asks = sorted(ms for r in runs for ms in r.ask_ms)
+        to1 = [r.reached[0.01] for r in runs]
+        median_to1 = statistics.median(n if n is not None else args.budget + 1 for n in to1)
+        print(f"{path.name:32s} {label:40s} " + " ".join(f"@{c} {medians[c]:.3f}" for c in checks)
+              + f" area {area:.3f} to1% {median_to1} ({sum(n is not None for n in to1)}/{len(to1)})"
+              + f" ask p95 {asks[int(0.95 * (len(asks) - 1))]:.1f} ms", flush=True)
+        if args.json is not None:
+            record = {"space": path.name, "variant": label, "seeds": list(seeds), "budget": args.budget,
+                      "at": {c: matrix[:, c - 1].tolist() for c in checks}, "area": area,
+                      "to_1pct": to1, "area_interval": anytime.area_interval([r.trace for r in runs], optimum,
+                                                                             args.budget),
+                      "ratios": matrix.round(4).tolist()}
+            with args.json.open("a") as out:
+                out.write(json.dumps(record) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
