@@ -6,7 +6,7 @@ evaluations per space, the area under that curve and the evaluations to 1%.
         [--strategy auto] [--set start=8 --set ...] [--json FILE]
 
 Replays the recorded spaces (no device), with the strategy bench's own loop
-(:func:`kernelforge.strategies.bench.run_one`, no stop): a variant is ``auto`` with some of its
+(:func:`kernelforge.strategies.bench.run.run_one`, no stop): a variant is ``auto`` with some of its
 class attributes (``AutoStrategy.start``, ...) set for the run, so a variant is measured exactly
 as the bench measures the shipped strategy. ``--json`` appends one record per space (variant,
 seeds, per-seed best/optimum at each checkpoint and after every evaluation, evaluations to 1%,
@@ -25,9 +25,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from kernelforge.strategies import anytime  # noqa: E402
-from kernelforge.strategies.auto import AutoStrategy  # noqa: E402
-from kernelforge.strategies.bench import run_one  # noqa: E402
-from kernelforge.strategies.recorded import load_kernel_tuner_cache  # noqa: E402
+from kernelforge.strategies.auto.strategy import AutoStrategy  # noqa: E402
+from kernelforge.strategies.bench.run import run_one  # noqa: E402
+from kernelforge.strategies.bench.recorded import load_kernel_tuner_cache  # noqa: E402
 
 CHECKS = (10, 25, 50, 100)
 

@@ -26,9 +26,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from kernelforge.strategies.auto import AutoStrategy  # noqa: E402
-from kernelforge.strategies.bench_stats import percentile  # noqa: E402
-from kernelforge.strategies.recorded import load_kernel_tuner_cache  # noqa: E402
+from kernelforge.strategies.auto.strategy import AutoStrategy  # noqa: E402
+from kernelforge.strategies.bench.stats import percentile  # noqa: E402
+from kernelforge.strategies.bench.recorded import load_kernel_tuner_cache  # noqa: E402
 
 
 def window(space, seed: int, steps: int, subsample: int, history: int = 380, asks: int = 20) -> list[float]:
