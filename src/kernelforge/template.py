@@ -28,8 +28,10 @@ whose ``when`` holds for a shape gives its point, ``[baseline]`` is the fallback
 baseline_source`` naming where ``[baseline]`` comes from; see :mod:`kernelforge.baselines` and
 :meth:`Template.baseline_for`.
 
-The variables the template body uses must be exactly the declared parameters, and rendering with a
-missing or unknown parameter fails (StrictUndefined). The rendered text is a self-contained Python
+The variables the template body uses must be exactly the declared parameters, besides the names of
+the kernel text kernelforge shares with templates (:mod:`kernelforge.shared_kernels`:
+``{{ moe_align }}``), which no parameter may take; rendering with a missing or unknown parameter
+fails (StrictUndefined). The rendered text is a self-contained Python
 module with a ``run(**inputs, out)`` entry point (see :mod:`kernelforge.block`).
 """
 
@@ -48,6 +50,7 @@ from kernelforge.baselines import DEFAULT_SOURCE, BaselinePoint, BaselineRule, p
 from kernelforge.errors import TemplateError, UserError
 from kernelforge.limits import MAX_SOURCE_CHARS
 from kernelforge.render import BodyRefused, parse_body, render_body
+from kernelforge.shared_kernels import SHARED, collisions, shared_values
 from kernelforge.space import Space
 
 if TYPE_CHECKING:
@@ -164,7 +167,11 @@ class Template:
             raise TemplateError(f"{where}:{exc.lineno}: Jinja syntax error: {exc.message}") from None
         except BodyRefused as exc:
             raise TemplateError(f"{where}:{exc.lineno}: {exc.message}") from None
-        used = meta.find_undeclared_variables(parsed)
+        taken = collisions(space.names)
+        if taken:
+            raise TemplateError(f"{where} [space]: {', '.join(taken)} is the name of kernel text kernelforge shares "
+                                "with templates (kernelforge.shared_kernels); rename the parameter")
+        used = meta.find_undeclared_variables(parsed) - set(SHARED)
         declared = set(space.names)
         if used != declared:
             parts = []
@@ -201,7 +208,7 @@ class Template:
         if problems:
             raise TemplateError(f"template {self.id}: {'; '.join(problems)}")
         try:
-            return render_body(self.text, point)
+            return render_body(self.text, {**shared_values(), **point})
         except jinja2.TemplateError as exc:
             raise TemplateError(f"template {self.id}: rendering failed: {exc}") from None
         except Exception as exc:  # the template's own expressions ({{ 1 // X }} at X = 0, ...)

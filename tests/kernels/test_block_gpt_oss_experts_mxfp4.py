@@ -13,6 +13,11 @@ import torch
 import triton
 import triton.language as tl
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
 from kernelforge.block import Shape
 from kernelforge.execute.judge.verify import verify
 from kernelforge.quant.mxfp4 import dequantize
@@ -140,6 +145,36 @@ def test_baseline_header_and_hopper_points():
     module = module_at(BASELINE)
     assert list(inspect.signature(module.run).parameters) == [
         "x", "topk_ids", "topk_weights", "w1", "w1_scale", "b1", "w2", "w2_scale", "b2", "out"]
+
+
+OPT_FLAGS = tomllib.loads((Path(__file__).resolve().parents[1] / "fixtures" / "triton_kernels"
+                           / "opt_flags_nvidia.toml").read_text())
+
+
+def _pow2(v: int) -> int:
+    return 1 << max(0, (v - 1).bit_length())
+
+
+def _triton_kernels_block_m(T: int, topk: int, experts: int) -> int:
+    """make_default_opt_flags_nvidia's block_m for a ragged matmul, from the re-typed fixture."""
+    rule = OPT_FLAGS["block_m"]
+    t = max(1, T * topk // experts)
+    if t <= rule["ragged_max"]:
+        return max(rule["min_block"], min(_pow2(2 * t), rule["ragged_cap"]))
+    return max(rule["min_block"], min(_pow2(t), rule["cap"]))
+
+
+def test_block_m_reads_back_against_triton_kernels_source_at_every_preset():
+    """Every real preset's BLOCK_SIZE_M (and GROUP_SIZE_M) is triton_kernels' default for that token
+    count, evaluated from the fixture re-typed at the commit the template's rules name."""
+    shapes = [s for name, ss in BLOCK.shape_sets().items() if name not in ("smoke", "check") for s in ss]
+    assert shapes
+    for shape in shapes:
+        resolved = BASELINE.baseline_for(shape)
+        assert resolved.point["BLOCK_SIZE_M"] == _triton_kernels_block_m(shape["T"], shape["TOPK"], shape["E"]), \
+            shape.name
+        assert resolved.point["GROUP_SIZE_M"] == resolved.point["GROUP_SIZE_M2"] == OPT_FLAGS["group_m"]
+        assert resolved.point["BLOCK_SIZE_M"] == 128 or OPT_FLAGS["commit"][:7] in resolved.source
 
 
 def _verify(template: Template, shapes: list[Shape], point: dict | None = None) -> list[str]:

@@ -10,14 +10,20 @@ from pathlib import Path
 import pytest
 import torch
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
 from kernelforge.candidate import Candidate
 from kernelforge.execute.runner import load_candidate
 from kernelforge.execute.judge.verify import verify
 from kernelforge.quant import base as quant_base, int4
-from kernelforge.quant.base import Bf16Activations, Bf16Weights
+from kernelforge.quant.base import Bf16Weights, NativeActivations
 from kernelforge.quant.int4 import Int4GroupWeights
 from kernelforge.result import Status
 from kernelforge.routing import GroupRouting, grouped_topk
+from kernelforge.shipped import baseline_claim, shipped_for
 from kernelforge.template import Template
 from kernel_helpers import load_block_module
 
@@ -37,9 +43,9 @@ def test_kimi_constants_and_formats():
     assert (b.experts, b.topk, b.groups, b.topk_groups, b.scaling) == (384, 8, 1, 1, 2.827)
     assert (b.hidden, b.intermediate, b.shared_intermediate) == (7168, 2048, 2048)
     assert isinstance(b.routed_format, Int4GroupWeights)
-    assert isinstance(b.shared_format, Bf16Weights) and isinstance(b.activations, Bf16Activations)
+    assert isinstance(b.shared_format, Bf16Weights) and isinstance(b.activations, NativeActivations)
     assert b.routing_of(b.shapes("kimi-k2.5")[0]) == GroupRouting(384, 8, 1, 1, 2.827)
-    assert b.dtypes == ("bfloat16",)
+    assert b.dtypes == ("bfloat16", "float16")
 
 
 def test_presets_are_kimi_sized_and_small_sets_have_one_group():
@@ -139,13 +145,34 @@ def test_expert_weights_are_drawn_on_the_device_one_matrix_at_a_time(monkeypatch
 
 # -- the baseline ------------------------------------------------------------------------------------------
 
-#: vLLM's W4A16 Triton defaults (get_default_config int4_w4a16 + get_moe_wna16_block_config), by tokens T.
-def _vllm_point(T: int) -> dict[str, int]:
-    bm = 16 if T <= 20 else 32 if T <= 40 else 64
-    bn, bk = (32, 64) if T == 1 else (64, 32)
-    return {"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "GROUP_SIZE_M": 1, "num_warps": 4,
-            "num_stages": 3, "BLOCK_SIZE_N2": 64, "BLOCK_SIZE_K2": 32, "GROUP_SIZE_M2": 1, "num_warps2": 4,
-            "num_stages2": 3}
+#: vLLM's configuration rule for its Triton W4A16 path, re-typed as numbers (tests/fixtures/vllm/README.md).
+RULE = tomllib.loads((REPO / "tests" / "fixtures" / "vllm" / "int4_w4a16_triton_rule.toml").read_text())
+
+
+def _launch(rows: int, top_k: int) -> dict[str, int]:
+    """get_moe_wna16_block_config's Triton branch for one launch of ``rows`` rows and ``top_k``."""
+    kind = "single" if rows * top_k // top_k == 1 else "other"
+    return RULE["wna16_block_config"][kind]
+
+
+def _vllm_point(T: int, topk: int = 8) -> dict[str, int]:
+    """The point vLLM's Triton W4A16 path takes at T tokens, read from the fixture: get_default_config's
+    BLOCK_SIZE_M and GROUP_SIZE_M, GEMM1's block config (T rows, the model's top_k), GEMM2's (T * top_k
+    rows, top_k 1), Triton's launch defaults for the warps and stages neither sets."""
+    rule = RULE["default_config"]
+    bm = next((m for bound, m in rule["block_size_m_bounds"] if T <= bound), rule["block_size_m_above"])
+    gemm1, gemm2 = _launch(T, topk), _launch(T * topk, 1)
+    warps, stages = RULE["triton_defaults"]["num_warps"], RULE["triton_defaults"]["num_stages"]
+    return {"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": gemm1["BLOCK_SIZE_N"], "BLOCK_SIZE_K": gemm1["BLOCK_SIZE_K"],
+            "GROUP_SIZE_M": rule["group_size_m"], "num_warps": warps, "num_stages": stages,
+            "BLOCK_SIZE_N2": gemm2["BLOCK_SIZE_N"], "BLOCK_SIZE_K2": gemm2["BLOCK_SIZE_K"],
+            "GROUP_SIZE_M2": rule["group_size_m"], "num_warps2": warps, "num_stages2": stages}
+
+
+def _vllm_uses_cuda(T: int, experts: int = 384, topk: int = 8, group: int = 32) -> bool:
+    """should_moe_wna16_use_cuda on a CUDA GPU for INT4, read from the fixture."""
+    cuda = RULE["moe_wna16_cuda"]
+    return cuda["bits"] == 4 and group in cuda["group_sizes"] and T * topk / experts <= cuda["max_tokens_per_expert"]
 
 
 @pytest.mark.parametrize("shape", [s for name, shapes in BLOCK.shape_sets().items() if name.startswith("kimi")
@@ -154,10 +181,25 @@ def test_preset_baseline_is_vllms_w4a16_triton_default(shape):
     resolved = BASELINE.baseline_for(shape)
     assert dict(resolved.point) == _vllm_point(shape["T"])
     assert BASELINE.space.contains(resolved.point)
-    assert "int4_w4a16" in resolved.source and "13cb3e4" in resolved.source
+    assert "int4_w4a16" in resolved.source and RULE["commit"][:7] in resolved.source
 
 
-@pytest.mark.parametrize("T", [1, 2, 20, 21, 40, 41, 100_000])
+def test_shipped_claim_splits_where_vllms_triton_path_takes_its_cuda_kernel():
+    """vLLM's own Triton path runs the moe_wna16 CUDA kernel up to T * 8 / 384 <= 6 (T <= 288) and the
+    Triton kernel this baseline follows above; neither is what vLLM ships on Hopper (Marlin MoE), so
+    no claim is "over experts", and each names what the baseline is at its token counts."""
+    assert _vllm_uses_cuda(288) and not _vllm_uses_cuda(289)
+    for T in (1, 288, 289, 4096):
+        for name in (f"smoke/T{T}", f"kimi-k2.5/T{T}", f"kimi-k2.5-prefill/T{T}"):
+            entry = shipped_for(BLOCK.shipped, BLOCK.shape(name, T))
+            assert entry is not None and not entry.baseline_is_expert and "Marlin" in entry.path
+            assert ("moe_wna16 CUDA" in entry.baseline_is) == _vllm_uses_cuda(T), (name, entry.baseline_is)
+            assert ("vLLM's own Triton W4A16 path" in entry.baseline_is) == (not _vllm_uses_cuda(T))
+            assert entry.served == name.startswith("smoke"), name  # every Kimi preset is the whole layer on one GPU
+            assert "over experts" not in baseline_claim(BLOCK.shipped, BLOCK.shape(name, T))
+
+
+@pytest.mark.parametrize("T", [1, 2, 20, 21, 40, 41, 288, 289, 100_000])
 def test_baseline_rules_at_their_edges(T):
     shape = BLOCK.shape(f"t/T{T}", T)
     assert dict(BASELINE.baseline_for(shape).point) == _vllm_point(T)

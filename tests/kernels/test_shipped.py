@@ -9,6 +9,11 @@ from pathlib import Path
 
 import pytest
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
 from kernelforge.baselines import liger_num_warps, next_power_of_2
 from kernelforge.catalog import Catalog
 from kernelforge.shipped import ShippedPath, baseline_claim, shipped_for
@@ -64,3 +69,28 @@ def test_the_norm_baseline_follows_ligers_rule_per_width(width, block, warps):
     shape = CATALOG.block("norm/fused_add_rmsnorm").shapes("smoke")[0]
     point = template.baseline_for(type(shape).of(f"w{width}", T=1, H=width, EPS=1e-5)).point
     assert (point["BLOCK_H"], point["num_warps"]) == (block, warps)
+
+
+LIGER = tomllib.loads((Path(__file__).resolve().parents[1] / "fixtures" / "liger" / "calculate_settings.toml").read_text())
+
+
+def _liger(width: int) -> tuple[int, int]:
+    """Liger's calculate_settings(width), evaluated from the re-typed fixture."""
+    block = 1 << max(0, (width - 1).bit_length())
+    assert block <= LIGER["max_fused_size"]
+    return block, next((w for bound, w in LIGER["warps_from"] if block >= bound), LIGER["default_warps"])
+
+
+def test_the_norm_baseline_reads_back_against_ligers_source_at_every_preset():
+    """Every real preset's point is Liger's rule (fixture re-typed from Liger-Kernel at the commit the
+    template's source names), clamped to the template's space: blocks 256..8192, at most 16 warps."""
+    template = CATALOG.baseline("norm/fused_add_rmsnorm")
+    block = CATALOG.block("norm/fused_add_rmsnorm")
+    assert LIGER["commit"][:7] in template.baseline_for(block.shapes("smoke")[0]).source
+    shapes = [s for name, ss in block.shape_sets().items() if name not in ("smoke", "check") for s in ss]
+    assert {s["H"] for s in shapes} >= {2880, 7168}
+    for shape in shapes:
+        size, warps = _liger(shape["H"])
+        point = template.baseline_for(shape).point
+        assert (point["BLOCK_H"], point["num_warps"]) == (min(8192, max(256, size)), min(16, warps)), shape.name
+    assert _liger(7168) == (8192, 16) and _liger(2880) == (4096, 8)

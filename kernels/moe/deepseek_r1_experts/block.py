@@ -63,9 +63,9 @@ _MAX_REDRAWS = 64
 _GROUP = 128
 
 
-def _bf16(t: torch.Tensor) -> torch.Tensor:
-    """``t`` rounded to bf16 (nearest even) and back to fp32."""
-    return t.to(torch.bfloat16).to(torch.float32)
+def _rounded(t: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """``t`` rounded to ``dtype`` (nearest even; bf16 unless the activations are fp16) and back to fp32."""
+    return t.to(dtype).to(torch.float32)
 
 #: Token counts serving sees per MoE call (decode batches to prefill chunks), and prompt lengths of
 #: the workload profiles (one pass over the prompt).
@@ -308,17 +308,19 @@ class GroupRoutedExperts(Block):
 
     # -- reference -------------------------------------------------------------------------------
 
-    def mlp(self, xq: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    def mlp(self, xq: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+            dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         """One expert's SiLU-GLU MLP in fp32 on already-rounded activations ``xq`` [N, H], rounded
-        where the served kernels round: ``h = W13 xq`` is stored in bf16 (vLLM's fused_moe writes
-        GEMM1's output in the activation dtype; DeepSeek's ``Linear`` returns bf16), ``silu(gate)``
-        is rounded to bf16 and so is its product with ``up`` (vLLM's ``silu_and_mul`` computes
+        where the served kernels round, in the activation dtype ``dtype`` (bf16 as served; fp16 for a
+        block that declares it): ``h = W13 xq`` is stored in it (vLLM's fused_moe writes GEMM1's
+        output in the activation dtype; DeepSeek's ``Linear`` returns bf16), ``silu(gate)`` is
+        rounded to it and so is its product with ``up`` (vLLM's ``silu_and_mul`` computes
         ``bf16(silu(x)) * y`` in bf16; DeepSeek's ``F.silu(w1(x)) * w3(x)`` on bf16 tensors), and
         the product is rounded as the activation format says before W2."""
-        h = _bf16(xq @ w13.t())
+        h = _rounded(xq @ w13.t(), dtype)
         half = w13.shape[0] // 2
-        gate = _bf16(torch.nn.functional.silu(h[:, :half]))
-        return self.activations.round(_bf16(gate * h[:, half:])) @ w2.t()
+        gate = _rounded(torch.nn.functional.silu(h[:, :half]), dtype)
+        return self.activations.round(_rounded(gate * h[:, half:], dtype)) @ w2.t()
 
     def reference(self, **inputs: Any) -> torch.Tensor:
         """The exact math in fp32, one expert at a time (only its weights are dequantised)."""
@@ -333,10 +335,10 @@ class GroupRoutedExperts(Block):
             tok, slot = torch.nonzero(ids == e, as_tuple=True)
             w13 = self.routed_format.dequantize({k: v[e] for k, v in w13_parts.items()})
             w2 = self.routed_format.dequantize({k: v[e] for k, v in w2_parts.items()})
-            out.index_add_(0, tok, self.mlp(xq[tok], w13, w2) * weights[tok, slot][:, None])
+            out.index_add_(0, tok, self.mlp(xq[tok], w13, w2, x.dtype) * weights[tok, slot][:, None])
         shared13 = self.shared_format.dequantize(parts_of(inputs, "shared_w13"))
         shared2 = self.shared_format.dequantize(parts_of(inputs, "shared_w2"))
-        return out + self.mlp(xq, shared13, shared2)
+        return out + self.mlp(xq, shared13, shared2, x.dtype)
 
     # -- roofline ----------------------------------------------------------------------------------
 

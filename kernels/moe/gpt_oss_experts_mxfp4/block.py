@@ -62,7 +62,8 @@ class GptOssExpertsMxfp4(_BF16.GptOssExperts):
             "*", "vLLM", "OpenAI triton_kernels matmul_ogs with MXFP4 weights (Hopper: weights upcast in the kernel)",
             "vllm-project/vllm vllm/model_executor/layers/fused_moe/gpt_oss_triton_kernels_moe.py (commit 9b243f9)",
             baseline_is_expert=False, baseline_is="a re-implementation of triton_kernels' Hopper design in the fused_moe "
-            "form with its default tiles",
+            "form with its default tiles (at sm_90 it spills at block_m 32 in the K loop and at block_m 128 in the "
+            "epilogue, which triton_kernels subtiles; docs/blocks.md)",
             library="triton_kernels matmul_ogs", on_image=False,
             why_not="OpenAI's triton_kernels ships only inside Triton's source tree (python/triton_kernels, matched to "
                     "each Triton release); the PyPI package of that name is another project; not brought to the image"),

@@ -20,9 +20,9 @@ format pack-quantized, weights num_bits 4, type int, symmetric, strategy group, 
 mlp.(gate|up|down)_proj): only the routed experts are INT4 (:class:`kernelforge.quant.int4.
 Int4GroupWeights`: int32 words of 8 values, element j of a row in word j // 8 at bits 4 (j % 8),
 stored as q + 8; value = q * bf16 scale of group j // 32); the shared expert stays bf16.
-Activations stay bf16 (W4A16, as vLLM serves it): the reference multiplies the exactly
-dequantised weights by the bf16 activations in fp32 and rounds the intermediate to bf16, as the
-kernel stores it.
+Activations stay bf16 (W4A16, as vLLM serves it; fp16 is also declared, as vLLM's W4A16 kernel
+computes in the activations' dtype): the reference multiplies the exactly dequantised weights by the
+activations in fp32 and rounds the intermediate to the activation dtype, as the kernel stores it.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import importlib.util
 from pathlib import Path
 
 from kernelforge.shipped import ShippedPath
-from kernelforge.quant.base import Bf16Activations, Bf16Weights
+from kernelforge.quant.base import Bf16Weights, NativeActivations
 from kernelforge.quant.int4 import Int4GroupWeights
 
 _BASE = Path(__file__).parents[1] / "deepseek_r1_experts" / "block.py"
@@ -40,24 +40,41 @@ _DEEPSEEK = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(_DEEPSEEK)
 
 
+#: What the baseline is, by token count: vLLM's own Triton W4A16 path sends T * 8 / 384 <= 6 (T <= 288)
+#: to its moe_wna16 CUDA kernel (should_moe_wna16_use_cuda) and runs the Triton kernel the baseline
+#: follows, at its configuration rule, above (tests/fixtures/vllm/int4_w4a16_triton_rule.toml).
+_CUDA_TOKENS = 288
+_BASELINE_IS = {
+    (0, _CUDA_TOKENS): "a Triton W4A16 kernel in vLLM's fused_moe_kernel_gptq_awq design, at vLLM's Triton rule for a "
+                       "GPU without its moe_wna16 CUDA kernel (at these counts vLLM's own Triton path runs that CUDA "
+                       "kernel, not timed here)",
+    (_CUDA_TOKENS + 1, 1 << 30): "vLLM's own Triton W4A16 path (fused_moe_kernel_gptq_awq's packing and dequantisation "
+                                 "in the compute dtype, its default configuration rule), not the Marlin MoE it ships",
+}
+_MARLIN = dict(library="Marlin MoE (vLLM _moe_C)", on_image=False,
+               why_not="vLLM's compiled _moe_C extension is built for vLLM's own torch and is not on the image")
+
+
+def _shipped() -> tuple[ShippedPath, ...]:
+    """Marlin MoE is what vLLM ships on Hopper; every real preset is the whole layer on one GPU, which
+    nobody serves (``kimi-k2.5`` prefixes every preset family); the baseline's standing by token count."""
+    served = tuple(ShippedPath(
+        "*", "vLLM", "Marlin MoE (fused_marlin_moe) for compressed-tensors W4A16 on Hopper; vLLM's own Triton "
+        "path hands T * 8 / 384 <= 6 to its moe_wna16 CUDA kernel",
+        "vllm-project/vllm vllm/model_executor/layers/fused_moe/fused_marlin_moe.py (commit 129ab7c)",
+        baseline_is_expert=False, baseline_is=what, tokens=tokens, **_MARLIN) for tokens, what in _BASELINE_IS.items())
+    whole = tuple(ShippedPath(
+        "kimi-k2.5", "nobody", "the whole layer on one GPU is not served (about 1 T parameters at 4 bits, far beyond "
+        "one GPU's 80-141 GB); vLLM would run Marlin MoE", "moonshotai/Kimi-K2.5 config.json (the model's size)",
+        baseline_is_expert=False, baseline_is=what, tokens=tokens, served=False, **_MARLIN)
+        for tokens, what in _BASELINE_IS.items())
+    return served + whole
+
+
 class KimiK25Experts(_DEEPSEEK.GroupRoutedExperts):
     """Kimi K2.5's MoE experts (see the module docstring)."""
 
-    shipped = (
-        ShippedPath(
-            "*", "vLLM", "Marlin MoE (fused_marlin_moe) for compressed-tensors W4A16 on Hopper; vLLM's own Triton "
-            "path hands small batches to its moe_wna16 CUDA kernel",
-            "vllm-project/vllm vllm/model_executor/layers/fused_moe/fused_marlin_moe.py (commit 129ab7c)",
-            baseline_is_expert=False, baseline_is="a Triton W4A16 fused_moe kernel weaker than vLLM's own Triton W4A16 "
-            "(a 4-byte word staged per weight and fp32 dequantisation, where vLLM repacks to bytes)",
-            library="Marlin MoE (vLLM _moe_C)", on_image=False,
-            why_not="vLLM's compiled _moe_C extension is built for vLLM's own torch and is not on the image"),
-        ShippedPath(
-            "kimi-k2.5/", "nobody", "the whole layer on one GPU is not served (about 1 T parameters at 4 bits, far "
-            "beyond one GPU's 80-141 GB)", "moonshotai/Kimi-K2.5 config.json (the model's size)",
-            baseline_is_expert=False, baseline_is="a Triton W4A16 fused_moe kernel", library="Marlin MoE (vLLM _moe_C)",
-            on_image=False, why_not="vLLM's compiled _moe_C extension is built for vLLM's own torch", served=False),
-    )
+    shipped = _shipped()
     description = (
         "Kimi K2.5 MoE: sigmoid routing with correction bias, one group, top-8 x2.827; 384 INT4 "
         "(symmetric, bf16 scale per 32, compressed-tensors pack-quantized) SiLU-GLU experts + 1 bf16 "
@@ -68,7 +85,9 @@ class KimiK25Experts(_DEEPSEEK.GroupRoutedExperts):
     hidden, intermediate, shared_intermediate = 7168, 2048, 2048
     routed_format = Int4GroupWeights()
     shared_format = Bf16Weights()
-    activations = Bf16Activations()
+    activations = NativeActivations()
+    #: bf16 as served; fp16 as vLLM's W4A16 Triton kernel also runs it (compute_type from the activations).
+    dtypes = ("bfloat16", "float16")
 
     def small_shapes(self):
         """The smoke and check sets: 16 experts in one group, top-4; H and I multiples of the

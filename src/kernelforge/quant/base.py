@@ -94,6 +94,16 @@ class Bf16Activations(ActivationFormat):
         return x.to(torch.bfloat16).to(torch.float32)
 
 
+class NativeActivations(ActivationFormat):
+    """Activations kept in the dtype the block runs in, bf16 or fp16 (weight-only quantisation: W4A16,
+    whose kernels compute in the activations' dtype): the values are already in it, nothing rounds."""
+
+    label = "activation dtype"
+
+    def round(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
 def parts_of(inputs: Mapping[str, object], name: str) -> dict[str, torch.Tensor]:
     """The tensors of weight ``name`` among a block's ``inputs`` (``name``, ``name_scale``) by suffix."""
     return {suffix: inputs[name + suffix] for suffix in ("", SCALE) if name + suffix in inputs}  # type: ignore[misc]
@@ -104,5 +114,5 @@ def named_parts(name: str, parts: Mapping[str, torch.Tensor]) -> dict[str, torch
     return {name + suffix: tensor for suffix, tensor in parts.items()}
 
 
-__all__ = ["ActivationFormat", "Bf16Activations", "Bf16Weights", "SCALE", "WeightFormat", "named_parts",
-           "parts_of"]
+__all__ = ["ActivationFormat", "Bf16Activations", "Bf16Weights", "NativeActivations", "SCALE", "WeightFormat",
+           "named_parts", "parts_of"]
