@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "kernelforge"
 DOTTED = re.compile(r"(?<![\w.])kernelforge(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
-PATH = re.compile(r"(?<![\w.])(?:src/)?kernelforge/([\w/]+\.py)\b")
+PATH = re.compile(r"(?<![\w.])(?:src/)?kernelforge/([\w/]+\.py)(?![\w]|\.\w)")
 TEXTS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *PACKAGE.rglob("*.py"),
                 *(ROOT / "scripts").glob("*.py")])
 
