@@ -58,7 +58,7 @@ class InProcessExecutor:
     def evaluate(self, block: Block, source: str, shapes: list[Shape], dtype: torch.dtype, *,
                  plan: TimingPlan | None = None) -> list[Evaluation]:
         """Verify and time ``source`` on ``shapes`` (see :func:`~kernelforge.execute.evaluate.evaluate`)."""
-        extra = self.held_out.draw(block, shapes, self.device.name) if self.held_out else []
+        extra = self.held_out.draw(block, shapes, whole_pool=self.device.measures_hardware) if self.held_out else []
         runner = LocalRunner(self.device)
         try:
             return evaluate(block, source, shapes, dtype, self.device, held_out=extra,
@@ -69,7 +69,7 @@ class InProcessExecutor:
     def pair_speedups(self, block: Block, baseline_source: str, candidate_source: str, shape: Shape,
                       dtype: torch.dtype, pairs: int) -> list[float]:
         """Interleaved baseline/candidate speedups (see :func:`~kernelforge.execute.evaluate.pair_speedups`)."""
-        extra = self.held_out.draw(block, [shape], self.device.name) if self.held_out else []
+        extra = self.held_out.draw(block, [shape], whole_pool=self.device.measures_hardware) if self.held_out else []
         return pair_speedups(block, baseline_source, candidate_source, shape, dtype, self.device, pairs, held_out=extra)
 
     def close(self) -> None:

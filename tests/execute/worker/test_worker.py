@@ -215,10 +215,10 @@ def test_close_leaves_no_process():
 
 def test_held_out_shapes_are_off_the_timed_ones():
     draw = HeldOutDraw(seed=0)
-    some = draw.draw(BLOCK, BLOCK.shapes("smoke"), "interpret")
+    some = draw.draw(BLOCK, BLOCK.shapes("smoke"), whole_pool=False)
     assert len(some) == min(INTERPRETER_HELD_OUT, len(CHECK)) and {s.name for s in some} <= {s.name for s in CHECK}
-    assert draw.draw(BLOCK, BLOCK.shapes("smoke"), "cuda") == CHECK
-    assert [s.name for s in draw.draw(BLOCK, CHECK, "interpret")] == ["n1000"]
+    assert draw.draw(BLOCK, BLOCK.shapes("smoke"), whole_pool=True) == CHECK
+    assert [s.name for s in draw.draw(BLOCK, CHECK, whole_pool=False)] == ["n1000"]
 
 
 def test_the_held_out_draw_comes_from_the_runs_seed_not_the_candidates_text():
@@ -234,10 +234,10 @@ def test_the_held_out_draw_comes_from_the_runs_seed_not_the_candidates_text():
             return [Shape(f"{set_name}{i}", (("N", i),)) for i in range(12)] if set_name == "check" else []
 
     block = Many()
-    draws = [[s.name for s in HeldOutDraw(seed=7).draw(block, [], "interpret")] for _ in range(2)]
+    draws = [[s.name for s in HeldOutDraw(seed=7).draw(block, [], whole_pool=False)] for _ in range(2)]
     assert draws[0] == draws[1]
     one_run = HeldOutDraw(seed=7)
-    sequence = [tuple(s.name for s in one_run.draw(block, [], "interpret")) for _ in range(8)]
+    sequence = [tuple(s.name for s in one_run.draw(block, [], whole_pool=False)) for _ in range(8)]
     assert len(set(sequence)) > 1  # a new draw each time (confirmation included)
     assert {HeldOutDraw().seed for _ in range(4)} != {HeldOutDraw().seed}  # per run, from secrets
     ex = WorkerExecutor(InterpretDevice(), held_out_seed=1234)

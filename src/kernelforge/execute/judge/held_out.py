@@ -48,10 +48,11 @@ class HeldOutDraw:
         self.seed = secrets.randbits(63) if seed is None else seed
         self._rng = random.Random(self.seed)
 
-    def draw(self, block: Block, timed: Sequence[Shape], device_name: str) -> list[Shape]:
+    def draw(self, block: Block, timed: Sequence[Shape], *, whole_pool: bool) -> list[Shape]:
         """The held-out shapes of one verification of a candidate timed on ``timed``: the whole
-        pool on a GPU, a fresh draw of :data:`INTERPRETER_HELD_OUT` in the interpreter."""
+        pool with ``whole_pool`` (a device that measures hardware: a GPU runs them all in moments),
+        else a fresh draw of :data:`INTERPRETER_HELD_OUT` (a simulator such as the interpreter)."""
         pool = held_out_pool(block, timed)
-        if device_name != "interpret" or len(pool) <= INTERPRETER_HELD_OUT:
+        if whole_pool or len(pool) <= INTERPRETER_HELD_OUT:
             return pool
         return self._rng.sample(pool, INTERPRETER_HELD_OUT)

@@ -236,7 +236,7 @@ class WorkerExecutor:
         if why:
             verdict = Verification(Status.REJECTED, message=why)
             return [Evaluation(s, verdict, counts[s.name]) for s in shapes]
-        extra = self.held_out.draw(block, shapes, self.device.name) if self.held_out else []
+        extra = self.held_out.draw(block, shapes, whole_pool=self.device.measures_hardware) if self.held_out else []
         process = self._ensure(_block_root(block))
         runner = self._runner(process)
         results: dict[str, Evaluation] = {}
@@ -268,7 +268,7 @@ class WorkerExecutor:
 
     def _confirmation_draw(self, block: Block, shape: Shape) -> list[Shape]:
         """A new held-out draw for confirming a candidate on ``shape`` (none without held-out shapes)."""
-        return self.held_out.draw(block, [shape], self.device.name) if self.held_out else []
+        return self.held_out.draw(block, [shape], whole_pool=self.device.measures_hardware) if self.held_out else []
 
     def pair_speedups(self, block: Block, baseline_source: str, candidate_source: str, shape: Shape,
                       dtype: torch.dtype, pairs: int) -> list[float]:
