@@ -104,8 +104,10 @@ def test_reference_matches_a_dequantise_then_matmul_loop_in_fp64(shape):
     rel = ((ref - want).norm() / want.norm()).item()
     # Usually about 1e-7; a bf16 rounding point (h, the SiLU product) that lands within an fp32 ulp
     # of a tie rounds the other way in fp64 and costs one bf16 ulp there: 1.0e-5 on check/T1 at
-    # seed 7 with the balanced routing's inputs.
-    assert rel < 3e-5, rel
+    # seed 7 with the balanced routing's inputs, 9.8e-5 on check/T13-partial on a CPU whose matmul
+    # accumulates in another order. A rounding point left out (h not rounded to bf16, or none at
+    # all) reads 1.6e-2 on that shape: the bound sits ten times from each.
+    assert rel < 1e-3, rel
     assert (ref - want).abs().max() <= 1e-4 * want.abs().max()
 
 
