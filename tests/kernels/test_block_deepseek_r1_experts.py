@@ -108,7 +108,9 @@ def test_reference_matches_a_dequantise_then_matmul_loop_in_fp64(shape):
     # accumulates in another order. A rounding point left out (h not rounded to bf16, or none at
     # all) reads 1.6e-2 on that shape: the bound sits ten times from each.
     assert rel < 1e-3, rel
-    assert (ref - want).abs().max() <= 1e-4 * want.abs().max()
+    # The worst element: 2.2e-4 of the largest there with the tie flips, 1.1e-2 to 2.6e-2 with no
+    # rounding point, on every small shape.
+    assert (ref - want).abs().max() <= 2e-3 * want.abs().max()
 
 
 # -- inputs and counts ---------------------------------------------------------------------------
