@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from kernelforge.baseline_timing import BaselineSeries
 from kernelforge.objective import by_candidate, time_ratio
 from kernelforge.store.store import Store
 from kills import kill_at_a_random_moment
@@ -56,10 +57,13 @@ def _objectives(db: Path) -> dict[tuple, float | None]:
     try:
         candidates = store.candidates()
         table = by_candidate(store.results())
+        timings = store.baseline_timings("toy/axpy")
     finally:
         store.close()
     (baseline,) = [c.id for c in candidates if c.origin == "baseline"]
-    return {tuple(sorted(c.params.items())): time_ratio(table[c.id].values(), table[baseline]) for c in candidates}
+    # Each result against the baseline as re-timed most recently before it, as the search tells it.
+    series = BaselineSeries(table[baseline], timings)
+    return {tuple(sorted(c.params.items())): time_ratio(table[c.id].values(), series) for c in candidates}
 
 
 def _studies(db: Path) -> dict[str, Counter]:

@@ -129,6 +129,7 @@ class EvaluationLoop:
             return
         for study in studies:
             strategy, space = study.strategy, study.template.space
+            baseline = self.pipeline.series(study.block.id, self.baselines[study.block.id])  # as when it was stored
             skip = set(strategy.known) | {strategy.key(p) for p in strategy.baselines}
             for stored in self.run.store.candidates(study.block.id):
                 point = {name: stored.params.get(name) for name in space.names}
@@ -143,7 +144,7 @@ class EvaluationLoop:
                     if reason is not None:
                         strategy.infeasible(point, reason)
                     else:
-                        strategy.tell(point, objective_value(self.run.objective, ordered, self.baselines[study.block.id]))
+                        strategy.tell(point, objective_value(self.run.objective, ordered, baseline))
 
     def _loop(self, studies: list[Study], deadline: float | None) -> None:
         self.recall(studies)

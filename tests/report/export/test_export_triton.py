@@ -251,7 +251,7 @@ def test_autotune_configs_are_read_off_the_launches_by_the_kernels_names():
     # with the caller; BLOCK_SIZE_M is also read by the host code (the padding to it): host-bound.
     from kernelforge.report.export.autotune import autotune_table
 
-    real = Catalog.discover(Path(__file__).resolve().parents[2] / "kernels")
+    real = Catalog.discover(Path(__file__).resolve().parents[3] / "kernels")
     template = real.baseline("moe/gpt_oss_experts")
     point = {**dict(template.baseline), "BLOCK_SIZE_N2": 32, "num_warps2": 8}
     source = Candidate.from_template(template, point).source
