@@ -60,7 +60,7 @@ $(GPU_TRITON)/.installed: $(BIN)/.installed-dev
 test-gpu-triton: $(GPU_TRITON)/.installed
 	PYTHONPATH=$(GPU_TRITON) $(BIN)/python -c "import triton; print('interpreter leg on triton', triton.__version__)"
 	PYTHONPATH=$(GPU_TRITON) $(BIN)/python -m pytest -n 2 -q -p no:cacheprovider tests/kernels/test_conformance.py \
-		tests/devices/test_interpreter_index.py tests/execute/test_sandbox_launcher.py
+		tests/devices/test_interpreter_index.py tests/sandbox/test_sandbox_launcher.py
 
 bench: $(BIN)/.installed-dev
 	$(BIN)/python -m pytest benchmarks -q

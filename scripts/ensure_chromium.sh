@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Makes sure headless Chromium is available for the HTML report tests (tests/test_report_html.py
+# Makes sure headless Chromium is available for the HTML report tests (tests/report/test_report_html.py
 # renders reports/<job>/index.html in it and takes a screenshot). Installs Debian's `chromium`
 # package with apt-get when `chromium` is not on PATH and we are root; otherwise it only says why
 # it did nothing (the tests that need the browser then skip with that reason). Never fails the

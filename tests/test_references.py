@@ -1,7 +1,8 @@
 """Every module the documentation and the docstrings name exists: a dotted ``kernelforge.x.y`` name
 resolves to a module, and to a name defined at its top level when it goes further
 (``kernelforge.execute.worker.executor.WorkerExecutor``); a path such as ``execute/worker/main.py``
-under ``src/kernelforge`` is a file. Moving a module without its references fails here."""
+under ``src/kernelforge`` is a file, and so is a test file named by path (the Makefile runs some by
+name). Moving a module or a test without its references fails here."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "kernelforge"
 DOTTED = re.compile(r"(?<![\w.])kernelforge(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
 PATH = re.compile(r"(?<![\w.])(?:src/)?kernelforge/([\w/]+\.py)(?![\w]|\.\w)")
+TEST_PATH = re.compile(r"(?<![\w./])(tests/[\w/]+\.py)(?![\w]|\.\w)")
 TEXTS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *PACKAGE.rglob("*.py"),
-                *(ROOT / "scripts").glob("*.py")])
+                *(ROOT / "scripts").glob("*.py"), *(ROOT / "scripts").glob("*.sh"), ROOT / "Makefile"])
 
 
 @cache
@@ -94,4 +96,6 @@ def test_every_named_module_exists(path):
     broken += [f"{path.relative_to(ROOT)}: {m.group(0)} (no such file)"
                for m in PATH.finditer(path.read_text(encoding="utf-8"))
                if not (PACKAGE / m.group(1)).exists()]
+    broken += [f"{path.relative_to(ROOT)}: {m.group(1)} (no such test file)"
+               for m in TEST_PATH.finditer(path.read_text(encoding="utf-8")) if not (ROOT / m.group(1)).exists()]
     assert not broken, "\n".join(broken)

@@ -27,7 +27,7 @@ what the plan promises refuses to start. ``KERNELFORGE_SANDBOX=off`` turns the O
 a host where it breaks the GPU driver; recorded as ``none: disabled ...``).
 
 The CUDA role's rules are tested on a CPU as far as a CPU allows: a launcher-like module built
-with Triton's own build helper under exactly those rules (``tests/execute/test_sandbox.py``). The
+with Triton's own build helper under exactly those rules (``tests/sandbox/test_sandbox.py``). The
 device files of a GPU host (``/dev/nvidia*``, ``/proc/driver/nvidia``, ``/dev/shm``) are not: the
 tests run without a GPU; the proof script falls back to ``KERNELFORGE_SANDBOX=off``, and says so,
 where the sandboxed worker cannot start on a GPU host (docs/gpu.md).
