@@ -6,8 +6,10 @@ observed point), so nothing of a killed worker is left running and no heartbeat 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import time
-from typing import Any
+from typing import Any, Iterator
 
 #: Tries at opening a shared storage (see :func:`shared_storage`).
 STORAGE_ATTEMPTS = 5
@@ -26,3 +28,27 @@ def shared_storage(optuna: Any, url: str) -> Any:
             if attempt == STORAGE_ATTEMPTS - 1:
                 raise
             time.sleep(0.2 * (attempt + 1))
+
+
+@contextlib.contextmanager
+def trial_write_lock(storage: Any) -> Iterator[None]:
+    """Held while a worker reads the stored study and writes a point's trial, so two workers of one
+    job never both write the same point (each reads the other's trial first). A SQLite storage
+    (``sqlite:///PATH``, the workers of one host) is locked with ``flock`` on ``PATH.optuna-lock``
+    beside it; other storages are not locked here (two writes of one point need two workers telling
+    it within the same moment)."""
+    url = str(getattr(storage, "url", storage or ""))
+    if not url.startswith("sqlite:///") or url == "sqlite:///:memory:":
+        yield
+        return
+    try:
+        lock = open(url[len("sqlite:///"):] + ".optuna-lock", "a")
+    except OSError:  # a read-only folder: the write itself fails next, on the storage-failure path
+        yield
+        return
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

@@ -14,7 +14,7 @@ from kernelforge.errors import UserError
 from kernelforge.space import Space
 from kernelforge.strategies.base import Key, Strategy, clean_value
 from kernelforge.strategies.optuna.samplers import make_sampler
-from kernelforge.strategies.optuna.storage import shared_storage
+from kernelforge.strategies.optuna.storage import shared_storage, trial_write_lock
 
 #: Sampler names accepted by :class:`OptunaStrategy` (the strategy names that use them are in
 #: :mod:`kernelforge.strategies.names`).
@@ -90,14 +90,14 @@ class OptunaStrategy(Strategy):
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self._choices = {name: optuna_choices(values) for name, values in space.params}
         self._sampler = make_sampler(optuna, sampler, seed, space, self._choices, dict(sampler_options or {}))
-        self.stored = None  # the study kept in ``storage``: one finished trial per observed point
-        directions = ["minimize"] * objectives
+        self.stored, directions = None, ["minimize"] * objectives  # stored: one finished trial per observed point
         try:
             if storage is not None:
                 if isinstance(storage, str):
                     storage = shared_storage(optuna, storage)
                 self.stored = optuna.create_study(storage=storage, study_name=study_name, directions=directions,
                                                   load_if_exists=study_name is not None)
+                self._storage = storage  # locked around each trial write (trial_write_lock)
         except Exception as exc:  # a bad URL, a locked or foreign database, a maximize study...
             raise UserError(
                 f"cannot create or load Optuna study {study_name!r} in storage {storage!r}: {exc}; "
@@ -264,12 +264,12 @@ class OptunaStrategy(Strategy):
         earlier run's, or a peer's that told it first)."""
         if self.stored is None:
             return
-        self._absorb()
-        key = self.key(point)
-        if key in self._stored_keys:
-            return
-        self.stored.add_trial(self._finished(point, value, told, status))
-        self._stored_keys.add(key)
+        with trial_write_lock(self._storage):  # another worker's write of the point is read first
+            self._absorb()
+            key = self.key(point)
+            if key not in self._stored_keys:
+                self.stored.add_trial(self._finished(point, value, told, status))
+                self._stored_keys.add(key)
 
     # Ask / tell --------------------------------------------------------------------------------
 
