@@ -84,8 +84,7 @@ def _references(path: Path) -> list[tuple[int, str]]:
 
 def test_the_resolver_tells_a_moved_module_from_a_real_one():
     assert unresolved("kernelforge.execute.worker.executor.WorkerExecutor") is None
-    assert unresolved("kernelforge.execute.worker_main") == "no such module" or "defines no" in unresolved(
-        "kernelforge.execute.worker_main")
+    assert unresolved("kernelforge.execute.worker_main") == "kernelforge.execute defines no worker_main"
     assert unresolved("kernelforge.execute.worker.executor.NoSuchThing") is not None
 
 
