@@ -146,7 +146,7 @@ def test_pinned_sources_are_distinct_candidates_stored_apart(catalog):
     assert flex.id != sdpa.id and flex.origin == ORIGIN
     assert flex.block_id == library_key("attention/gpt_oss_prefill") != "attention/gpt_oss_prefill"
     assert _load_pinned(ref, "sdpa").backend("cuda") == "sdpa"  # the pin wins over the device
-    assert find_library(catalog, "moe/gpt_oss_experts") is None
+    assert find_library(catalog, "moe/kimi_k25_experts") is None
 
 
 def test_untimed_measurement_stores_nothing_and_lines_read_the_fastest(catalog, interpret, tmp_path):

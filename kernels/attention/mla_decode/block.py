@@ -166,8 +166,10 @@ class MlaDecodeAttention(Block):
             "of vLLM's Hopper MLA backends)",
             library="FlashMLA", on_image=False,
             why_not="FlashMLA is a CUDA extension built from source with nvcc (minutes of device time; PyPI has only a "
-                    "2025-02 development release), and FlashInfer's MLA decode JIT-compiles with nvcc at first use; "
-                    "neither was brought to the image"),
+                    "2025-02 development release). FlashInfer's MLA decode JIT-compiles with nvcc at first use: the "
+                    "wheel of flashinfer-python 0.7.4 (101 MB) is over the 64 MiB carry; 0.5.3's (7.0 MB, with "
+                    "apache-tvm-ffi 3.3 MB and nvidia-cudnn-frontend 11.6 MB) fits but has never run on a GPU session "
+                    "(sizes read 2026-12-06); neither was brought to the image"),
     )
     description = (
         "MLA decode (DeepSeek R1 128 heads, Kimi K2.5 64 heads), absorbed: one latent KV head, key "

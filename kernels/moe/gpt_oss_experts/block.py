@@ -145,7 +145,8 @@ class GptOssExperts(Block):
             baseline_is_expert=False, baseline_is="vLLM's fused_moe design and tuned configurations, with tokens aligned "
             "by host-side torch ops where vLLM runs one device op (weaker at decode token counts)",
             library="vLLM fused_experts (Triton fused_moe + the _moe_C alignment op)", on_image=False,
-            why_not="vLLM is not on the image and its compiled _C/_moe_C extensions are built for vLLM's own torch"),
+            why_not="vLLM is not on the image and its compiled _C/_moe_C extensions are built for vLLM's own torch; "
+                    "the library line timed instead is torch._grouped_mm (kernels/moe/gpt_oss_experts/library.py)"),
     )
     description = (
         "GPT-OSS routed experts after routing: GEMM1+bias, interleaved clamped SwiGLU (alpha 1.702, "
