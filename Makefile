@@ -48,9 +48,10 @@ lock:
 	mv .lock-venv/constraints.txt constraints.txt
 	rm -rf .lock-venv
 
+# --durations: the 30 slowest tests close every run, so a CI log says where its time went.
 test: $(BIN)/.installed-dev
 	bash scripts/ensure_chromium.sh
-	$(BIN)/python -m pytest -n 2 -q
+	$(BIN)/python -m pytest -n 2 -q --durations=30
 
 $(GPU_TRITON)/.installed: $(BIN)/.installed-dev
 	rm -rf $(GPU_TRITON)
