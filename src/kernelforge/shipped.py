@@ -54,6 +54,12 @@ class ShippedPath:
     #: The token counts (the shape's ``T``, inclusive) this entry covers; None: every count.
     tokens: tuple[int, int] | None = None
 
+    @property
+    def library_status(self) -> str:
+        """The library line's state in words, as the CLI and the report say it: whether it runs on
+        the GPU image, and why not when it cannot."""
+        return f"{self.library}: " + ("runs on the GPU image" if self.on_image else f"not on the GPU image: {self.why_not}")
+
     def covers(self, shape: Shape) -> bool:
         """Whether this entry is the one for ``shape`` (its name prefix and token range)."""
         if self.presets != "*" and not shape.name.startswith(self.presets):
@@ -66,6 +72,12 @@ def shipped_for(paths: tuple[ShippedPath, ...], shape: Shape) -> ShippedPath | N
     covering = [p for p in paths if p.covers(shape)]
     specific = [p for p in covering if p.presets != "*"]
     return (specific or covering or [None])[0]
+
+
+def covering(paths: tuple[ShippedPath, ...], shapes: "list[Shape] | tuple[Shape, ...]") -> tuple[ShippedPath, ...]:
+    """The entries that are :func:`shipped_for` at least one of ``shapes``, in declared order."""
+    chosen = {id(entry): entry for entry in (shipped_for(paths, shape) for shape in shapes) if entry is not None}
+    return tuple(entry for entry in paths if id(entry) in chosen)
 
 
 def baseline_claim(paths: tuple[ShippedPath, ...], shape: Shape) -> str:

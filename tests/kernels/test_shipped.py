@@ -16,7 +16,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 from kernelforge.baselines import liger_num_warps, next_power_of_2
 from kernelforge.catalog import Catalog
-from kernelforge.shipped import ShippedPath, baseline_claim, shipped_for
+from kernelforge.shipped import ShippedPath, baseline_claim, covering, shipped_for
 
 CATALOG = Catalog.discover(Path(__file__).resolve().parents[2] / "kernels")
 
@@ -94,3 +94,16 @@ def test_the_norm_baseline_reads_back_against_ligers_source_at_every_preset():
         point = template.baseline_for(shape).point
         assert (point["BLOCK_H"], point["num_warps"]) == (min(8192, max(256, size)), min(16, warps)), shape.name
     assert _liger(7168) == (8192, 16) and _liger(2880) == (4096, 8)
+
+
+def test_covering_keeps_the_entries_of_the_shapes_in_declared_order():
+    block = CATALOG.block("moe/deepseek_r1_experts")
+    tp8, ep8 = block.shapes("deepseek-r1-tp8")[:1], block.shapes("deepseek-r1-ep8")[:1]
+    both = covering(block.shipped, ep8 + tp8)
+    assert [p.presets for p in both] == [p.presets for p in block.shipped if p in both]
+    assert {p.presets for p in both} == {"deepseek-r1-tp8/", "deepseek-r1-ep8/"}
+    assert covering(block.shipped, tp8) == (shipped_for(block.shipped, tp8[0]),)
+    assert covering(block.shipped, []) == ()
+    entry = both[0]
+    assert entry.library_status.startswith(f"{entry.library}: ")
+    assert (entry.why_not in entry.library_status) != entry.on_image

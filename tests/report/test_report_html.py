@@ -137,6 +137,29 @@ def test_roofline_percent_bound_and_suspect(h200):
     assert "Interpreter timings" not in (h200["folder"] / "index.html").read_text()
 
 
+def test_each_block_says_what_serving_runs_and_its_library_lines_state(h200):
+    """Issue 31: every block of the report names the shipped path of its shapes and whether its
+    library line can run on the GPU image, with the reason by name where it cannot, whether or not
+    a library line was measured (the synthetic store measured none)."""
+    from kernelforge.shipped import covering
+
+    catalog = h200["catalog"]
+    html = (h200["folder"] / "index.html").read_text()
+    data = h200["data"]
+    for entry in data["blocks"]:
+        block = catalog.block(entry["block"])
+        shapes = [s for row in entry["shapes"] for s in block.shapes(row["shape"])]
+        paths = covering(block.shipped, shapes)
+        assert paths, entry["block"]
+        assert [p["presets"] for p in entry["shipped"]] == [p.presets for p in paths]
+        for p in paths:
+            line = f"`{p.presets}`: {p.engine} runs {p.path} ({p.source}). Library: {p.library_status}."
+            assert line in h200["md"], line
+            assert p.library in html
+            if not p.on_image:
+                assert p.why_not and p.why_not in p.library_status
+
+
 def test_projection_in_the_report_matches_the_stored_times(h200):
     from kernelforge.report.projection import model as proj
 

@@ -142,6 +142,5 @@ def shipped(ctx: click.Context, block_id: str | None) -> None:
                      f"    source:    {path.source}",
                      "    baseline:  " + ("the shipped path or as strong: speedups are over experts"
                                           if path.baseline_is_expert else f"{path.baseline_is} (not the shipped path)"),
-                     f"    library:   {path.library}: "
-                     + ("runs on the GPU image" if path.on_image else f"not on the GPU image: {path.why_not}")]
+                     f"    library:   {path.library_status}"]
             console.print("\n".join(lines), markup=False, soft_wrap=True)

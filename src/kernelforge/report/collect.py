@@ -38,7 +38,7 @@ from kernelforge.report.records import (Banner, BaselineSource, BlockReport, Can
 from kernelforge.result import StoredResult
 from kernelforge.report.library import library_lines
 from kernelforge.search.plan import baseline_candidates
-from kernelforge.shipped import baseline_claim
+from kernelforge.shipped import baseline_claim, covering
 from kernelforge.store.records import StoredCandidate, StoredConfirmation
 from kernelforge.store.store import Store
 
@@ -140,6 +140,7 @@ def _collect_block(job: Job, catalog: Catalog, store: Store, spec: BlockSpec,
         roofline=_roofline_meta(env, ceilings),
         suspects=_suspects(table, ceilings), baselines=baseline_sources(baselines),
         library=tuple(library_lines(store, block.id, shapes, job.dtype, env_key).values()),  # issue 11
+        shipped=covering(block.shipped, shape_objs),
         pareto=block_fronts([("all", shapes)], table, env),  # one front over the block's shapes
     )
 

@@ -156,12 +156,17 @@ def _confirmation_cell(row: ShapeRow) -> str:
 
 def _library_markdown(block: BlockReport) -> list[str]:
     """Issue 11: the library reference (kernelforge.search.library) beside the baseline and the
-    best candidate of each shape: speedup = library time / their time."""
+    best candidate of each shape: speedup = library time / their time. Issue 31: above it, what
+    serving runs for these shapes and whether its library line could run on the GPU image (named,
+    with the reason, where it could not), measured or not."""
+    lines = ["", f"What serving runs for these shapes (`kernelforge shipped {block.block}`):", ""] if block.shipped else []
+    lines.extend(f"- `{p.presets}`: {p.engine} runs {p.path} ({p.source}). Library: {p.library_status}."
+                 for p in block.shipped)
     if not block.library:
-        return []
+        return lines
     rows = {r.shape: r for r in block.shapes}
-    lines = ["", "| shape | library reference | library time | search's baseline vs library | search's best vs library |",
-             "|---|---|---|---|---|"]
+    lines += ["", "| shape | library reference | library time | search's baseline vs library | search's best vs library |",
+              "|---|---|---|---|---|"]
     for lib in block.library:
         row = rows.get(lib.shape)
         # The search's timings: the library reference was timed beside them, not beside the pairs.

@@ -20,6 +20,7 @@ from kernelforge.report.projection.gpt_oss import Feasibility
 from kernelforge.library import LibraryLine
 from kernelforge.report.llm_section import LLMSection
 from kernelforge.report.pareto import ParetoFront
+from kernelforge.shipped import ShippedPath
 from kernelforge.store.records import StoredCompile
 
 
@@ -259,6 +260,9 @@ class BlockReport:
     baselines: tuple[BaselineSource, ...] = ()
     # issue 11 (library reference, kernelforge.search.library): the fastest library result per shape.
     library: tuple[LibraryLine, ...] = ()
+    # issue 31: what serving runs for these shapes and the state of its library line
+    # (kernelforge.shipped: the block's entries that cover at least one of the job's shapes).
+    shipped: tuple[ShippedPath, ...] = ()
     # the time-energy Pareto front per shape group (kernelforge.report.pareto).
     pareto: tuple[ParetoFront, ...] = ()
 
