@@ -1,7 +1,8 @@
 """The ``measured`` routing (kernelforge.served_loads): GPU loads of the published layout match the
 published DeepSeek-R1 statistic, made through the block's router inputs and grouped top-k; the
 pattern is deterministic per seed, distinct per row and group-limited; models without published
-loads have no such routing."""
+loads have no such routing. The baseline template verifies on ``check/T24-measured`` in
+tests/kernels/test_conformance.py (interpreter, with the other smoke and check shapes)."""
 
 from __future__ import annotations
 
