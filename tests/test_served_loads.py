@@ -88,3 +88,12 @@ def test_models_without_published_loads_have_no_measured_routing():
     assert "kimi-k2.5-measured" not in kimi.shape_sets()
     sets = DEEPSEEK.shape_sets()
     assert all(s["ROUTING"] == "measured" for s in sets["deepseek-r1-measured"])
+
+
+def test_counts_read_fewer_experts_under_measured_than_uniform_routing():
+    """Hot experts take repeated picks, so a 64-token call touches fewer distinct experts (and
+    reads fewer weight bytes) than a balanced one; computed from the pattern's own sample."""
+    measured = DEEPSEEK.sample_expected_experts(DEEPSEEK.shape("t/T64-measured", 64, routing="measured"))
+    uniform = DEEPSEEK.sample_expected_experts(DEEPSEEK.shape("t/T64", 64))
+    assert measured < uniform - 10.0, (measured, uniform)
+    assert measured > DEEPSEEK_R1.experts / 4  # still far from a few experts
