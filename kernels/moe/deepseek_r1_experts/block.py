@@ -42,14 +42,17 @@ from kernelforge.profiles import PROMPT_TOKENS, VLLM_BATCH_SIZES
 from kernelforge.quant.base import ActivationFormat, WeightFormat, named_parts, parts_of
 from kernelforge.quant.fp8 import Fp8BlockWeights, Fp8GroupActivations
 from kernelforge.routing import GroupRouting, balanced_routing, grouped_topk, selection_margins
+from kernelforge.served_loads import PUBLISHED, expert_weights, weighted_routing
 
 #: Routing patterns (the ``ROUTING`` dimension), made through the router inputs (the block routes):
 #: ``uniform``: balanced loads with a decoy per token that only the bias rules out
-#: (:meth:`GroupRoutedExperts._balanced_router_inputs`); ``skewed``: a per-expert offset of -log(rank + 1) over a random
+#: (:meth:`GroupRoutedExperts._chosen_router_inputs`); ``measured``: per-expert loads fitted to a published
+#: measurement of the model in serving (:mod:`kernelforge.served_loads`; only models with one);
+#: ``skewed``: synthetic, not from any measurement: a per-expert offset of -log(rank + 1) over a random
 #: ranking, so a few experts get most tokens; ``one``: TOPK experts of one group (expert 0 among
 #: them) get +20, so every token picks them; ``sparse``: half the groups (half the experts when there
 #: is one group) get -20 and receive no token.
-ROUTINGS: tuple[str, ...] = ("uniform", "skewed", "one", "sparse")
+ROUTINGS: tuple[str, ...] = ("uniform", "measured", "skewed", "one", "sparse")
 _BOOST = 20.0
 #: Spread of the correction bias: comparable to the spread of sigmoid scores of unit-normal logits
 #: (about 0.2), so it changes selections, and large enough that a kernel using it as a weight is wrong.
@@ -150,7 +153,8 @@ class GroupRoutedExperts(Block):
             "check": [s("check/T1", 1, H=256, I=128, IS=128, **small),
                       s("check/T7-one", 7, H=128, I=128, IS=256, routing="one", **small),
                       s("check/T33-sparse", 33, H=256, I=128, IS=128, routing="sparse", **small),
-                      s("check/T13-partial", 13, H=320, I=192, IS=192, **small)],
+                      s("check/T13-partial", 13, H=320, I=192, IS=192, **small),
+                      s("check/T24-measured", 24, H=128, I=128, IS=128, routing="measured", **small)],
         }
 
     def shape_sets(self) -> Mapping[str, list[Shape]]:
@@ -159,6 +163,8 @@ class GroupRoutedExperts(Block):
         sets[m] = [self.shape(f"{m}/T{t}", t) for t in PRESET_TOKENS]
         sets[f"{m}-prefill"] = [self.shape(f"{m}/T{t}", t) for t in PREFILL_TOKENS]
         sets[f"{m}-skewed"] = [self.shape(f"{m}/T{t}-skewed", t, routing="skewed") for t in SKEWED_TOKENS]
+        if m in PUBLISHED:  # loads fitted to the model's published serving measurement
+            sets[f"{m}-measured"] = [self.shape(f"{m}/T{t}-measured", t, routing="measured") for t in PRESET_TOKENS]
         # One GPU's share of the layer at tensor parallel TP (every expert, intermediate sizes / TP):
         # how a node serves the model, and the shape serving stacks tune their kernels for.
         tp = self.tensor_parallel
@@ -222,7 +228,14 @@ class GroupRoutedExperts(Block):
                 offsets[u * unit:(u + 1) * unit] -= _BOOST
                 bias[u * unit:(u + 1) * unit] -= 1.0
         elif routing == "uniform":
-            return self._balanced_router_inputs(shape, bias, gen)
+            return self._chosen_router_inputs(shape, balanced_routing(T, self.routing_of(shape), gen), bias, gen)
+        elif routing == "measured":
+            published = PUBLISHED.get(self.model)
+            if published is None:
+                raise ValueError(f"{self.model}: no published expert loads, so no 'measured' routing")
+            rule = self.routing_of(shape)
+            ids = weighted_routing(T, rule, expert_weights(E, published.sigma, gen), gen)
+            return self._chosen_router_inputs(shape, ids, bias, gen)
         else:
             raise ValueError(f"unknown routing {routing!r}; choose from {', '.join(ROUTINGS)}")
         logits = torch.randn(T, E, generator=gen, dtype=torch.float32) + offsets
@@ -234,18 +247,18 @@ class GroupRoutedExperts(Block):
             logits[close] = torch.randn(close.numel(), E, generator=gen, dtype=torch.float32) + offsets
         raise HarnessError(f"{shape.name}: router logits with a selection margin of {SELECTION_MARGIN} not found")
 
-    def _balanced_router_inputs(self, shape: Shape, bias: torch.Tensor,
-                                gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """``uniform`` routing: every expert within one token-expert pair of the mean load
-        (:func:`kernelforge.routing.balanced_routing`), made through the logits. The chosen experts
+    def _chosen_router_inputs(self, shape: Shape, ids: torch.Tensor, bias: torch.Tensor,
+                              gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """Router logits that select the expert ids [T, TOPK] (distinct per row, within TOPK_GROUPS
+        groups): the ``uniform`` routing's balanced ids (:func:`kernelforge.routing.balanced_routing`)
+        or the ``measured`` routing's (:func:`kernelforge.served_loads.weighted_routing`). The chosen experts
         score 0.95-0.97 after the sigmoid and the others about 0.05, so the bias (std 0.1) never
         moves a selection by itself; but each token also gets a decoy: an unchosen expert of one
         of its kept groups, with a bias below every chosen one's, whose unbiased score beats the
         lowest chosen score. A kernel that selects on unbiased scores picks the decoy; only the
-        biased scores choose the balanced set."""
+        biased scores choose the chosen set."""
         T, E = shape["T"], shape["E"]
         rule = self.routing_of(shape)
-        ids = balanced_routing(T, rule, gen)
         per_group = E // rule.groups
 
         def draw(rows: int) -> torch.Tensor:
@@ -270,7 +283,7 @@ class GroupRoutedExperts(Block):
                 return logits, bias
             high = logits[close] > -1.0  # chosen experts and decoys keep their logits
             logits[close] = torch.where(chosen[close] | high, logits[close], draw(close.numel()))
-        raise HarnessError(f"{shape.name}: balanced router logits with a selection margin of {SELECTION_MARGIN} "
+        raise HarnessError(f"{shape.name}: router logits for the chosen experts with a selection margin of {SELECTION_MARGIN} "
                            "not found")
 
     def make_inputs(self, shape: Shape, dtype: torch.dtype, device: str | torch.device, seed: int,

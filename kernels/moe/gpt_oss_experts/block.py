@@ -86,8 +86,10 @@ def make_routing(T: int, E: int, topk: int, routing: str, gen: torch.Generator) 
     - ``uniform``: balanced: every token picks topk distinct experts and every expert gets within
       one token-expert pair of the mean (:func:`kernelforge.routing.balanced_routing`), as a
       well-trained router approaches; independent random picks left loads 40-50% apart.
-    - ``skewed``: distinct experts sampled (without replacement) with Zipf weights
-      (rank+1)^-2 over a random ranking of the experts: a few experts take most of the tokens.
+    - ``skewed``: synthetic, not from any measurement (no per-expert load figures of GPT-OSS in
+      serving were found; :mod:`kernelforge.served_loads`): distinct experts sampled (without
+      replacement) with Zipf weights (rank+1)^-2 over a random ranking of the experts: a few experts
+      take most of the tokens.
     - ``one``: every token goes to the same topk experts, expert 0 and topk-1 others (random),
       in a random slot order per token: expert 0 gets every token.
     - ``sparse``: tokens pick uniformly among a random subset of ``_active_experts`` experts; the
