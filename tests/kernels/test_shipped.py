@@ -5,6 +5,7 @@ only where the baseline is that path, and a library that cannot run on the GPU i
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,23 @@ def test_the_norm_baseline_reads_back_against_ligers_source_at_every_preset():
         point = template.baseline_for(shape).point
         assert (point["BLOCK_H"], point["num_warps"]) == (min(8192, max(256, size)), min(16, warps)), shape.name
     assert _liger(7168) == (8192, 16) and _liger(2880) == (4096, 8)
+
+
+VLLM_ATTENTION = tomllib.loads((Path(__file__).resolve().parents[1] / "fixtures" / "vllm" / "attention_shipped.toml")
+                               .read_text())
+
+
+@pytest.mark.parametrize("family", sorted(VLLM_ATTENTION))
+def test_attention_shipped_paths_cite_the_vllm_file_and_revision_read(family):
+    """The attention blocks' shipped entries name the vLLM file and a prefix of the revision the
+    fixture records (the revision the reference store holds the file at)."""
+    cited = VLLM_ATTENTION[family]
+    for block_id in cited["blocks"]:
+        block = CATALOG.block(block_id)
+        for entry in block.shipped:
+            assert f"vllm-project/vllm {cited['file']} (commit " in entry.source, (block_id, entry.source)
+            revision = re.search(r"commit ([0-9a-f]{7,40})\)", entry.source).group(1)
+            assert cited["commit"].startswith(revision), (block_id, revision, cited["commit"])
+    if family == "mla":
+        module = sys.modules[type(CATALOG.block("attention/mla_decode")).__module__]
+        assert module.PAGE == cited["kernel_block_size"]  # FlashMLA's only kernel block size
