@@ -3,11 +3,18 @@ interpreter at several points of its space, and the mutants the checks must catc
 
 from __future__ import annotations
 
+import math
+import struct
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 from kernelforge.baselines import cdiv, flash_attn_num_splits
 from kernelforge.devices import interpreter
@@ -188,6 +195,70 @@ def test_baseline_splits_follow_flash_attention_2(block, baseline):
         assert resolved.rule == (0 if shape["WINDOW"] == 0 else 1), shape.name
         assert "num_splits_heuristic" in resolved.source and "flash_api.cpp" in resolved.source
     assert "SGLang" in baseline.baseline_source
+
+
+#: FlashAttention-2's split rule for mha_fwd_kvcache, re-typed as numbers (tests/fixtures/vllm/README.md,
+#: "../flash_attention").
+FA2 = tomllib.loads((REPO / "tests" / "fixtures" / "flash_attention" / "num_splits_heuristic.toml").read_text())
+
+
+def _f32(x: float) -> float:
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def fa2_splits(batch: int, h_q: int, h_kv: int, d: int, seqlen_k: int, window: int) -> int:
+    """The split count FA2's mha_fwd_kvcache picks for one decode token per sequence, evaluated from
+    the fixture's numbers (not kernelforge.baselines): the GQA packing, set_params_splitkv's
+    arguments and num_splits_heuristic, in C++ float where FA2 uses float."""
+    pack, kv, rule = FA2["gqa_packing"], FA2["splitkv"], FA2["heuristic"]
+    left = window - 1 if window else -1
+    swapped = h_q > h_kv and (left < 0 or pack["window_packs"]) and d % pack["head_size_multiple"] == 0
+    seqlen_q, heads = (h_q // h_kv, h_kv) if swapped else (pack["seqlen_q"], h_q)
+    block_n = next((n for bound, n in kv["block_n_bounds"] if d <= bound), kv["block_n_above"])
+    rows = batch * heads * -(-seqlen_q // kv["m_block"])
+    sms = FA2["device"]["sm_count"] * kv["sm_multiplier"]
+    blocks = -(-seqlen_k // block_n)
+    if rows >= _f32(_f32(rule["fill_fraction"]) * sms):
+        return 1
+    eligible = [s for s in range(1, min(kv["max_splits"], sms, blocks) + 1)
+                if s == 1 or -(-blocks // s) != -(-blocks // (s - 1))]
+    eff = {}
+    for s in eligible:
+        waves = _f32(rows * s / sms)
+        eff[s] = _f32(waves / math.ceil(waves))
+    best = max(eff.values())
+    return next((s for s in eligible if eff[s] >= rule["efficiency_fraction"] * best), 1)
+
+
+def test_baseline_reads_back_against_flash_attention_2s_source(block, baseline):
+    """Every shape (all sets and the compile shape) resolves to the count FA2 computes, read from the
+    fixture re-typed from flash_api.cpp at the commit the template's rules cite."""
+    for shape in _every_shape(block):
+        resolved = baseline.baseline_for(shape)
+        expected = fa2_splits(shape["B"], shape["H_Q"], shape["H_KV"], shape["D"], shape["S_MAX"], shape["WINDOW"])
+        assert resolved.point["NUM_KV_SPLITS"] == expected, shape.name
+        assert FA2["commit"][:8] in resolved.source and "flash_api.cpp" in resolved.source, resolved.source
+
+
+@pytest.mark.parametrize("args, splits", [
+    ((1, 64, 8, 64, 8800, 0), 18),       # packed: 8 rows of 264 SM slots, 35 blocks of 256 keys
+    ((26, 64, 8, 64, 8800, 0), 5),       # 208 rows, under 0.8 * 264 = 211.2: the heuristic runs
+    ((27, 64, 8, 64, 8800, 0), 1),       # 216 rows >= 211.2: 1 split at once
+    ((211, 1, 1, 64, 8800, 0), 5),       # 211 rows: just under the fill bound
+    ((212, 1, 1, 64, 8800, 0), 1),       # 212 rows: just over it
+    ((1, 64, 8, 64, 8800, 128), 4),      # a window is not packed: 64 rows
+    ((1, 64, 8, 64, 256, 0), 1),         # one 256-key block: no count but 1 is eligible
+    ((1, 64, 8, 128, 8800, 0), 23),      # head dim 128: 128-key blocks (69 of them)
+    ((1, 8, 8, 64, 1 << 20, 0), 29),     # no GQA: not packed, 8 rows; 4096 blocks, capped at 128 tries
+], ids=["b1-full", "b26-full", "b27-full", "rows211", "rows212", "b1-window", "one-block", "d128", "mha"])
+def test_fa2_rule_edges(args, splits):
+    """The fixture's rule at its edges, against the project's own implementation (an independent
+    formulation) and the counts worked by hand."""
+    assert fa2_splits(*args) == splits
+    b, h_q, h_kv, d, s, window = args
+    packed = h_q > h_kv and window == 0
+    rows = b * (h_kv if packed else h_q) * cdiv(h_q // h_kv if packed else 1, 64)
+    assert flash_attn_num_splits(rows, 264, cdiv(s, 256 if d <= 64 else 128), 128) == splits
 
 
 #: Split counts worked out by hand from FA2's heuristic at the real presets (264 = 2 x 132 SMs): a

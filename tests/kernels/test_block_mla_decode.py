@@ -4,10 +4,17 @@ loop, the paged inputs and their junk, counts, and the baseline template in the 
 from __future__ import annotations
 
 import math
+import struct
 import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 from kernelforge.block import DISTRIBUTIONS, Shape
 from kernelforge.devices.hardware import ceilings_for
@@ -167,22 +174,101 @@ def test_shape_sets(block, constants):
     assert block.compile_shape()["H"] == 128
 
 
-def test_per_shape_baselines_follow_sglang(catalog):
+#: SGLang's Triton decode split rule, re-typed as numbers (tests/fixtures/vllm/README.md, "../sglang").
+SGLANG = tomllib.loads((Path(__file__).resolve().parents[1] / "fixtures" / "sglang" / "triton_num_kv_splits.toml")
+                       .read_text())
+
+
+def _f32(x: float) -> float:
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def sglang_max_kv_splits(model: str) -> int:
+    """TritonAttnBackend's max_kv_splits for an MLA model: _mla_decode_kv_splits_cap, from the fixture."""
+    cap = SGLANG["max_kv_splits"]
+    sms = SGLANG["device"]["sm_count"]
+    ctx = SGLANG["context_len"][model]
+    return max(cap["base"], min(_next_pow2(sms), _next_pow2(-(-ctx // cap["mla_min_block_kv"]))))
+
+
+def sglang_splits(lengths: tuple[int, ...], heads: int, model: str, tp: int) -> list[int]:
+    """get_num_kv_splits_triton per sequence, evaluated from the fixture's numbers (num_group 1)."""
+    rule = SGLANG["heuristic"]
+    max_splits = sglang_max_kv_splits(model)
+    kv_heads = max(1, SGLANG["num_key_value_heads"][model] // tp)
+    longest, shortest = max(lengths), min(lengths)
+    if longest * rule["near_equal"][0] < shortest * rule["near_equal"][1]:
+        shortest = longest
+    chunk_1 = -(-longest // min(-(-longest // shortest), max_splits))
+    scaled = _f32(max(_f32(math.log2(_f32(_f32(longest) / rule["ext_len_divisor"]))), rule["min_log2"]))
+    ext_cores = int(_f32(SGLANG["device"]["sm_count"] * scaled))
+    group = heads // kv_heads
+    grid = len(lengths) * (heads if group == 1 else -(-heads // min(rule["block_h"], group)))
+    chunk_2 = -(-longest // min(-(-ext_cores // grid), max_splits))
+    return [max(-(-n // chunk_1), -(-n // chunk_2)) for n in lengths]
+
+
+def _tp(shape) -> int:
+    return 8 if "-tp8/" in shape.name else 1
+
+
+def test_per_shape_baselines_follow_sglang(catalog, block):
+    """Every preset (all lengths equal) resolves to the count SGLang's Triton backend computes, read
+    from the fixture re-typed from SGLang at the commits the template's rules cite; shapes with
+    unequal lengths (SGLang gives each sequence its own count, ours runs one) keep [baseline]."""
     template = catalog.baseline(BLOCK_ID)
-    assert dict(template.baseline) == {"BLOCK_H": 16, "BLOCK_N": 32, "NUM_KV_SPLITS": 8, "num_warps": 4,
-                                       "num_stages": 2, "MERGE_BLOCK": 1, "MERGE_WARPS": 4}
-    block = catalog.block(BLOCK_ID)
+    assert dict(template.baseline) == {"BLOCK_H": 16, "BLOCK_N": 32, "NUM_KV_SPLITS": SGLANG["max_kv_splits"]["base"],
+                                       "num_warps": 4, "num_stages": 2, "MERGE_BLOCK": 1, "MERGE_WARPS": 4}
+    assert sglang_max_kv_splits("deepseek-r1") == sglang_max_kv_splits("kimi-k2.5") == 256
+    shapes = [s for ss in block.shape_sets().values() for s in ss] + [block.compile_shape()]
+    presets = set()
+    for shape in shapes:
+        resolved = template.baseline_for(shape)
+        if len(set(shape["LENGTHS"])) == 1 and shape["S_MAX"] in (8800, 9216, 33200, 68000, 130000):
+            presets.add(shape.name)
+            splits = set(sglang_splits(shape["LENGTHS"], shape["H"], shape["MODEL"], _tp(shape)))
+            assert resolved.point["NUM_KV_SPLITS"] == splits.pop(), shape.name
+            assert SGLANG["commit"][:8] in resolved.source and "metadata.py" in resolved.source, resolved.source
+            assert SGLANG["caller_commit"][:8] in resolved.source and "triton_backend.py" in resolved.source
+        else:
+            assert resolved.point["NUM_KV_SPLITS"] == SGLANG["max_kv_splits"]["base"], shape.name
+        assert template.space.contains(resolved.point), f"{shape.name}: {dict(resolved.point)} is outside the space"
+    assert len(presets) == 2 * 5 * 4 * 2  # 2 models x 5 profiles x 4 batches, all heads and TP 8
 
-    def sglang(length, b, h):  # get_num_kv_splits_triton for equal lengths, MLA cap 256, 132 SMs
-        cores = int(132 * max(math.log2(length / 64), 1.0))
-        s2 = min(-(-cores // (b * -(-h // 16))), 256)
-        return -(-length // -(-length // s2))
 
-    for model in ("deepseek-r1", "kimi-k2.5"):
-        for shape in block.shapes(model):
-            point = template.baseline_for(shape).point
-            assert point["NUM_KV_SPLITS"] == sglang(shape["S_MAX"], shape["B"], shape["H"]), shape.name
-    assert template.baseline_for(block.shapes("smoke")[0]).point["NUM_KV_SPLITS"] == 8
+#: Counts worked out by hand from SGLang's heuristic (132 SMs; token_grid = B * H because the models'
+#: num_key_value_heads equal their heads): an independent check of the evaluator above.
+SGLANG_SPLITS = {
+    "deepseek-r1/interactive/b1": 8,          # cdiv(937, 128) = 8
+    "kimi-k2.5/interactive/b1": 15,           # cdiv(937, 64) = 15; cdiv(8800, cdiv(8800, 15)) = 15
+    "deepseek-r1-tp8/interactive/b1": 59,     # cdiv(937, 16) = 59
+    "kimi-k2.5-tp8/long_context/b1": 182,     # cdiv(1450, 8) = 182
+    "kimi-k2.5-tp8/long_context/b8": 23,      # cdiv(1450, 64) = 23
+    "deepseek-r1/long_context/b8": 2,         # cdiv(1450, 1024) = 2
+    "deepseek-r1/coding/b64": 1,
+}
+
+
+def test_sglang_split_counts_worked_by_hand(catalog, block):
+    template = catalog.baseline(BLOCK_ID)
+    for name, splits in SGLANG_SPLITS.items():
+        shape = block.shapes(name)[0]
+        assert template.baseline_for(shape).point["NUM_KV_SPLITS"] == splits, name
+        assert sglang_splits(shape["LENGTHS"], shape["H"], shape["MODEL"], _tp(shape)) == [splits] * shape["B"], name
+
+
+def test_sglang_rule_edges():
+    """The fixture's rule at its edges: lengths within 25% count as equal (bound 1 is 1 split), a
+    sequence 4x shorter than the longest raises bound 1, short contexts take log2 floor 1, the cap."""
+    assert sglang_splits((100, 81), 128, "deepseek-r1", 1) == [1, 1]            # 100 * 8 < 81 * 10
+    assert sglang_splits((1000, 250), 128, "deepseek-r1", 1) == [4, 1]          # bound 1: cdiv(1000, 250)
+    assert sglang_splits((64,), 1, "deepseek-r1", 128) == [64]                  # log2(1) -> 1: 132 cores, 64 tokens
+    assert sglang_splits((130000,), 1, "deepseek-r1", 128) == [256]             # capped at 256
+    assert sglang_splits((8800,), 16, "deepseek-r1", 8) == [59]
 
 
 # -- the baseline template in the interpreter -----------------------------------------------------

@@ -5,6 +5,7 @@ only where the baseline is that path, and a library that cannot run on the GPU i
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -104,6 +105,27 @@ def test_covering_keeps_the_entries_of_the_shapes_in_declared_order():
     assert {p.presets for p in both} == {"deepseek-r1-tp8/", "deepseek-r1-ep8/"}
     assert covering(block.shipped, tp8) == (shipped_for(block.shipped, tp8[0]),)
     assert covering(block.shipped, []) == ()
-    entry = both[0]
-    assert entry.library_status.startswith(f"{entry.library}: ")
-    assert (entry.why_not in entry.library_status) != entry.on_image
+    for entry in (*both, ShippedPath("*", "e", "p", "s", baseline_is_expert=True, library="L", on_image=True)):
+        status = entry.library_status
+        assert status.startswith(f"{entry.library}: ")
+        assert status.endswith("runs on the GPU image") if entry.on_image else entry.why_not in status
+
+
+VLLM_ATTENTION = tomllib.loads((Path(__file__).resolve().parents[1] / "fixtures" / "vllm" / "attention_shipped.toml")
+                               .read_text())
+
+
+@pytest.mark.parametrize("family", sorted(VLLM_ATTENTION))
+def test_attention_shipped_paths_cite_the_vllm_file_and_revision_read(family):
+    """The attention blocks' shipped entries name the vLLM file and a prefix of the revision the
+    fixture records (the revision the reference store holds the file at)."""
+    cited = VLLM_ATTENTION[family]
+    for block_id in cited["blocks"]:
+        block = CATALOG.block(block_id)
+        for entry in block.shipped:
+            assert f"vllm-project/vllm {cited['file']} (commit " in entry.source, (block_id, entry.source)
+            revision = re.search(r"commit ([0-9a-f]{7,40})\)", entry.source).group(1)
+            assert cited["commit"].startswith(revision), (block_id, revision, cited["commit"])
+    if family == "mla":
+        module = sys.modules[type(CATALOG.block("attention/mla_decode")).__module__]
+        assert module.PAGE == cited["kernel_block_size"]  # FlashMLA's only kernel block size
