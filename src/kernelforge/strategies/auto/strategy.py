@@ -97,6 +97,12 @@ class AutoStrategy(Strategy):
     fit_steps = 40
     refit_steps = 15
     fit_subsample = 80
+    #: The most hyperparameter-fit work one ask may do, over both GPs, in Adam steps on
+    #: ``fit_subsample`` points (a step on fewer points costs less: :class:`~kernelforge.strategies.auto.surrogate.HyperFit`): one refit's
+    #: worth. A fit that needs more (the first, or a refit of both GPs on one ask) goes on at the
+    #: next asks from where it stopped, the models meanwhile using their last finished fit: the
+    #: slowest ask is bounded by work, whatever the host's load (issue 34).
+    ask_work = 15.0
 
     def __init__(self, space: Space, *, seed: int = 0, baseline: Mapping | None = None,
                  transfer: Mapping[Key, float] | None = None):
@@ -134,6 +140,8 @@ class AutoStrategy(Strategy):
         self._owner: dict[Key, str] = {}  # pending point -> the member that proposed it
         self._gains: deque[tuple[str, float]] = deque(maxlen=self.window)
         self._best: float | None = None  # best told objective (log scale when positive)
+        #: The hyperparameter-fit work (see :attr:`ask_work`) the last ask spent.
+        self.last_ask_work = 0.0
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -214,6 +222,7 @@ class AutoStrategy(Strategy):
             aligned = self.aligned_start and (len(self.known) + len(self.pending)) % 2 == 0
             picks = (self._random_unseen(1, aligned=True) if aligned else []) or self._random_unseen(1)
             return self._hand_out(picks[0]) if picks else None
+        self.last_ask_work = 0.0
         chosen = self._best_candidate(ok, self._choose_member())
         if chosen is None:
             return None
@@ -311,11 +320,12 @@ class AutoStrategy(Strategy):
             self._refit_at = len(ok) + max(2, len(ok) // 8)
         steps = self.fit_steps if self._refits == 0 else self.refit_steps
         self._refits += refit
-        self._gp.fit(x, y, refit=refit, steps=steps, subsample=self.fit_subsample, rng=self._np_rng)
+        self.last_ask_work += self._gp.fit(x, y, refit=refit, steps=steps, subsample=self.fit_subsample,
+                                           rng=self._np_rng, work=self.ask_work - self.last_ask_work)
         if believed:
             xb = self._feature(believed)
             mu, _ = self._gp.predict(xb)
-            self._gp.fit(np.vstack([x, xb]), np.concatenate([y, mu]), refit=False)
+            self._gp.fit(np.vstack([x, xb]), np.concatenate([y, mu]), refit=False, work=0.0)
 
     def _chance_to_run(self, x_pool: np.ndarray, ok: list[Key], failed: list[Key]) -> np.ndarray:
         """One minus a GP regression of "it failed" (1) against "it ran" (0) over every told point,
@@ -327,8 +337,9 @@ class AutoStrategy(Strategy):
             self._failures_refit_at = len(told) + max(2, len(told) // 8)
         steps = self.fit_steps if self._failure_refits == 0 else self.refit_steps
         self._failure_refits += refit
-        self._failures.fit(self._feature(told), y, refit=refit, steps=steps, subsample=self.fit_subsample,
-                           rng=self._np_rng)
+        self.last_ask_work += self._failures.fit(self._feature(told), y, refit=refit, steps=steps,
+                                                 subsample=self.fit_subsample, rng=self._np_rng,
+                                                 work=self.ask_work - self.last_ask_work)
         mean = self._failures.predict_mean(x_pool)
         return np.clip(1.0 - mean, 0.02, 1.0)
 
