@@ -394,3 +394,24 @@ def test_no_ask_does_more_fit_work_than_ask_work():
     assert any(full[i] and full[i + 1] and full[i + 2] for i in range(len(full) - 2)), bounded  # a split fit
     unbounded = type("Unbounded", (_SmallFits,), {"ask_work": math.inf})
     assert max(_ask_work(unbounded, 90)) > _SmallFits.ask_work  # without the bound, some ask does more
+
+
+
+def test_given_points_count_among_the_start():
+    """Given start points (baselines, a warm start) replace random start points: with or without
+    them, the models take over once ``start`` points are told, not ``start`` points after them."""
+    space = grid_space()
+    warm = [{"a": 0, "b": 0, "c": 1}, {"a": 11, "b": 11, "c": 8}, {"a": 5, "b": 5, "c": 2}]
+    for given in (None, warm):
+        strategy = AutoStrategy(space, seed=3, baseline=given)
+        starting = []
+        for _ in range(AutoStrategy.start + 3):
+            starting.append(strategy.starting())
+            point = strategy.ask()
+            strategy.tell(point, bowl(point))
+        assert starting == [True] * AutoStrategy.start + [False] * 3, (given, starting)
+    many = [{"a": a, "b": 0, "c": 1} for a in range(AutoStrategy.start + 2)]  # more given than start
+    strategy = AutoStrategy(space, seed=3, baseline=many)
+    for _ in many:
+        strategy.tell(strategy.ask(), 2.0)
+    assert not strategy.starting()
