@@ -342,3 +342,76 @@ def test_a_refit_starts_from_the_previous_fit():
     lengths = np.exp(gp.hyper.log_lengths)
     assert lengths[0] < lengths[1] and lengths[0] < lengths[2], lengths
     assert AutoStrategy.refit_steps <= AutoStrategy.fit_steps
+
+
+def test_a_fit_taken_a_few_steps_at_a_time_ends_where_one_call_ends():
+    """A hyperparameter fit bounded by ``work`` per call goes on at the next call from where it
+    stopped; meanwhile the model keeps its last finished hyperparameters, and the fit it ends with
+    is the one a single call computes."""
+    space = Space.build({"a": list(range(16)), "noise": list(range(16)), "mode": ["x", "y"]}, [], where="test")
+    encoder = Encoder(space)
+    rng = np.random.default_rng(0)
+    keys = [(int(rng.integers(16)), int(rng.integers(16)), "xy"[int(rng.integers(2))]) for _ in range(40)]
+    x, y = encoder.encode(keys), np.array([(k[0] - 8) ** 2 / 10.0 for k in keys])
+    whole = GaussianProcess(encoder)
+    assert whole.fit(x, y, refit=True, steps=20, subsample=40) == 20.0  # 20 steps on 40 of 40 points
+    split = GaussianProcess(encoder)
+    start = split.hyper.log_lengths.copy()
+    spent = [split.fit(x, y, refit=True, steps=20, subsample=40, work=6.0)]
+    while split.under_way is not None:
+        assert np.array_equal(split.hyper.log_lengths, start)  # the last finished fit meanwhile
+        spent.append(split.fit(x, y, refit=False, work=6.0))
+    assert spent == [6.0, 6.0, 6.0, 2.0]
+    assert np.array_equal(split.hyper.log_lengths, whole.hyper.log_lengths)
+    assert split.work_done == 20.0
+    small = GaussianProcess(encoder)  # a step on 20 points costs (20 / 40) ** 3 of one on 40
+    assert math.isclose(small.fit(x[:20], y[:20], refit=True, steps=8, subsample=40), 1.0)
+
+
+class _SmallFits(AutoStrategy):
+    fit_subsample = 20  # steps cost their full unit once 20 points are told
+    ask_work = 5.0
+
+
+def _ask_work(strategy_class, asks: int) -> list[float]:
+    space = grid_space()
+    strategy = strategy_class(space, seed=1)
+    out = []
+    for _ in range(asks):
+        point = strategy.ask()
+        strategy.tell(point, None if point["c"] == 8 and point["a"] > 8 else bowl(point))  # some failures
+        out.append(strategy.last_ask_work)
+    return out
+
+
+def test_no_ask_does_more_fit_work_than_ask_work():
+    """The slowest ask is bounded by work, not by the host's load: no ask takes more Adam steps
+    (weighted by the points fitted) than ``ask_work``; a first fit of 40 steps or a refit of both
+    models on one ask is spread over the next asks."""
+    bounded = _ask_work(_SmallFits, 90)
+    assert max(bounded) <= _SmallFits.ask_work
+    full = [w == _SmallFits.ask_work for w in bounded]
+    assert any(full[i] and full[i + 1] and full[i + 2] for i in range(len(full) - 2)), bounded  # a split fit
+    unbounded = type("Unbounded", (_SmallFits,), {"ask_work": math.inf})
+    assert max(_ask_work(unbounded, 90)) > _SmallFits.ask_work  # without the bound, some ask does more
+
+
+
+def test_given_points_count_among_the_start():
+    """Given start points (baselines, a warm start) replace random start points: with or without
+    them, the models take over once ``start`` points are told, not ``start`` points after them."""
+    space = grid_space()
+    warm = [{"a": 0, "b": 0, "c": 1}, {"a": 11, "b": 11, "c": 8}, {"a": 5, "b": 5, "c": 2}]
+    for given in (None, warm):
+        strategy = AutoStrategy(space, seed=3, baseline=given)
+        starting = []
+        for _ in range(AutoStrategy.start + 3):
+            starting.append(strategy.starting())
+            point = strategy.ask()
+            strategy.tell(point, bowl(point))
+        assert starting == [True] * AutoStrategy.start + [False] * 3, (given, starting)
+    many = [{"a": a, "b": 0, "c": 1} for a in range(AutoStrategy.start + 2)]  # more given than start
+    strategy = AutoStrategy(space, seed=3, baseline=many)
+    for _ in many:
+        strategy.tell(strategy.ask(), 2.0)
+    assert not strategy.starting()

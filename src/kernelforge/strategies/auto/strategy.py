@@ -5,8 +5,9 @@ models each parameter's good and bad values and proposes infeasible points it mu
 about; this strategy proposes only feasible points and spends each evaluation where one of three
 members expects the most:
 
-1. the baseline point(s) (and warm-start points), then ``start`` points drawn at random from the
-   feasible set, every other one from its *aligned* points: those where every size that offers
+1. the baseline (and warm-start) points, then random feasible points until ``start`` are told,
+   the given ones among them (a warm start never delays the models), every other random one from
+   its *aligned* points: those where every size that offers
    both powers of two and other values takes a power of two (a size: an integer parameter whose
    values are all at least 1, such as convolution's block width 16..256 in steps of 16 and its
    tile sizes 1..4; not a selector 0..3). GPU kernels are fast at powers of two far more often
@@ -57,15 +58,13 @@ from kernelforge.strategies.base import Key, Strategy
 from kernelforge.strategies.auto.parzen import ParzenRatio
 from kernelforge.strategies.auto.surrogate import Encoder, GaussianProcess, expected_improvement, hashable, is_power_of_two
 
-#: The portfolio's members: the Gaussian process's expected improvement, the Parzen ratio, and
-#: the local search that works through the unseen neighbours of the best points, best first.
+#: The portfolio's members: the GP's expected improvement, the Parzen ratio, the local search.
 MEMBERS = ("gp", "parzen", "local")
 
 
 class AutoStrategy(Strategy):
-    """The default strategy (see the module docstring). ``start`` random points after the
-    baselines; then model-guided asks over the unseen feasible points (all of them while
-    ``score_all`` allows, else a pool of at most ``pool``)."""
+    """The default strategy (see the module docstring): given points, random ones until ``start``
+    are told, then model-guided asks over unseen feasible points (all, or a pool of ``pool``)."""
 
     name = "auto"
     #: Random start points. 8, not 16: at 25-100 evaluations 16 lost to TPE on convolution A4000;
@@ -91,12 +90,15 @@ class AutoStrategy(Strategy):
     min_chance = 0.2
     #: Every other start point is drawn from the aligned points (see the module docstring, 1).
     aligned_start = True
-    #: Adam steps of a GP's first hyperparameter fit, and of each later refit (which starts from
-    #: the previous fit, so it needs fewer), on at most ``fit_subsample`` told points: the bound on
-    #: an ask's work that keeps it within the 100 ms goal at 400 told (issue 34).
+    #: Adam steps of a GP's first hyperparameter fit and of each later refit (from the previous
+    #: fit), on at most ``fit_subsample`` told points: what bounds an ask's fit work (issue 34).
     fit_steps = 40
     refit_steps = 15
     fit_subsample = 80
+    #: The most fit work one ask may do over both GPs, in Adam steps on ``fit_subsample`` points
+    #: (one refit's worth; ``surrogate.HyperFit``). A longer fit goes on at the next asks, the
+    #: models using their last finished fit meanwhile: an ask is bounded by work, not load.
+    ask_work = 15.0
 
     def __init__(self, space: Space, *, seed: int = 0, baseline: Mapping | None = None,
                  transfer: Mapping[Key, float] | None = None):
@@ -134,6 +136,7 @@ class AutoStrategy(Strategy):
         self._owner: dict[Key, str] = {}  # pending point -> the member that proposed it
         self._gains: deque[tuple[str, float]] = deque(maxlen=self.window)
         self._best: float | None = None  # best told objective (log scale when positive)
+        self.last_ask_work = 0.0  #: the fit work (:attr:`ask_work`) the last ask spent
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -209,17 +212,24 @@ class AutoStrategy(Strategy):
             key = self._queue.popleft()
             if self._free(key):
                 return self._hand_out(key)
-        ok = [k for k, v in self.known.items() if v is not None]
-        if len(ok) < 2 or len(self.known) < self.start + len(self.baselines):
+        if self.starting():
             aligned = self.aligned_start and (len(self.known) + len(self.pending)) % 2 == 0
             picks = (self._random_unseen(1, aligned=True) if aligned else []) or self._random_unseen(1)
             return self._hand_out(picks[0]) if picks else None
+        self.last_ask_work = 0.0
+        ok = [k for k, v in self.known.items() if v is not None]
         chosen = self._best_candidate(ok, self._choose_member())
         if chosen is None:
             return None
         key, member = chosen
         self._owner[key] = member  # credited with the gain, if any, when it is told
         return self._hand_out(key)
+
+    def starting(self) -> bool:
+        """Whether the next ask (after any baseline left) is a random start point: fewer than
+        ``start`` told (given points among them) or fewer than two ran."""
+        ran = sum(v is not None for v in self.known.values())
+        return ran < 2 or len(self.known) < max(self.start, len(self.baselines))
 
     def _hand_out(self, key: Key) -> dict:
         self.pending.add(key)
@@ -311,11 +321,12 @@ class AutoStrategy(Strategy):
             self._refit_at = len(ok) + max(2, len(ok) // 8)
         steps = self.fit_steps if self._refits == 0 else self.refit_steps
         self._refits += refit
-        self._gp.fit(x, y, refit=refit, steps=steps, subsample=self.fit_subsample, rng=self._np_rng)
+        self.last_ask_work += self._gp.fit(x, y, refit=refit, steps=steps, subsample=self.fit_subsample,
+                                           rng=self._np_rng, work=self.ask_work - self.last_ask_work)
         if believed:
             xb = self._feature(believed)
             mu, _ = self._gp.predict(xb)
-            self._gp.fit(np.vstack([x, xb]), np.concatenate([y, mu]), refit=False)
+            self._gp.fit(np.vstack([x, xb]), np.concatenate([y, mu]), refit=False, work=0.0)
 
     def _chance_to_run(self, x_pool: np.ndarray, ok: list[Key], failed: list[Key]) -> np.ndarray:
         """One minus a GP regression of "it failed" (1) against "it ran" (0) over every told point,
@@ -327,8 +338,9 @@ class AutoStrategy(Strategy):
             self._failures_refit_at = len(told) + max(2, len(told) // 8)
         steps = self.fit_steps if self._failure_refits == 0 else self.refit_steps
         self._failure_refits += refit
-        self._failures.fit(self._feature(told), y, refit=refit, steps=steps, subsample=self.fit_subsample,
-                           rng=self._np_rng)
+        self.last_ask_work += self._failures.fit(self._feature(told), y, refit=refit, steps=steps,
+                                                 subsample=self.fit_subsample, rng=self._np_rng,
+                                                 work=self.ask_work - self.last_ask_work)
         mean = self._failures.predict_mean(x_pool)
         return np.clip(1.0 - mean, 0.02, 1.0)
 

@@ -173,6 +173,9 @@ class GaussianProcess:
         self.scale = 1.0
         self.alpha = np.zeros(0)
         self.chol_inv = np.zeros((0, 0))
+        #: The hyperparameter fit under way (None: none), and the work all fits have spent.
+        self.under_way: HyperFit | None = None
+        self.work_done = 0.0
 
     # -- kernel -------------------------------------------------------------------------------
 
@@ -195,9 +198,13 @@ class GaussianProcess:
     # -- fitting --------------------------------------------------------------------------------
 
     def fit(self, x: np.ndarray, y: np.ndarray, *, refit: bool, steps: int = 40, subsample: int = 120,
-            rng: np.random.Generator | None = None) -> None:
-        """Condition on ``x`` (rows) and ``y``; with ``refit``, first fit the hyperparameters on at
-        most ``subsample`` of the points (the best third and a spread of the rest)."""
+            rng: np.random.Generator | None = None, work: float | None = None) -> float:
+        """Condition on ``x`` (rows) and ``y``; with ``refit``, first start a fit of the
+        hyperparameters on at most ``subsample`` of the points (the best third and a spread of the
+        rest), ``steps`` Adam steps from the current ones. ``work`` bounds what this call spends on
+        a fit under way (:class:`HyperFit`, in steps on ``subsample`` points; None: finish it): a
+        fit left unfinished goes on at the next call, and until it ends the model conditions on
+        the last finished fit's hyperparameters. Returns the work spent."""
         self.mean = float(y.mean())
         self.scale = float(y.std()) or 1.0
         z = (y - self.mean) / self.scale
@@ -209,59 +216,23 @@ class GaussianProcess:
                 rest = (rng or np.random.default_rng(0)).choice(order[subsample // 3:], subsample - len(best),
                                                                 replace=False)
                 index = np.concatenate([best, rest])
-            self.hyper = self._optimise(x[index], z[index], steps)
+            start = self.hyper if self.under_way is None else self.under_way.hyper()
+            self.under_way = HyperFit(self, x[index], z[index], start, steps, unit=subsample)
+        spent = 0.0
+        if self.under_way is not None and (work is None or work > 0):
+            spent = self.under_way.advance(work)
+            self.work_done += spent
+            if self.under_way.done:
+                self.hyper = self.under_way.hyper()
+                self.under_way = None
         self.x = x
         k = self.hyper_kernel(x, x) + math.exp(self.hyper.log_noise) * np.eye(len(x))
         self.chol_inv = lower_inverse(_cholesky(k))  # L^-1: one factorisation, then products only
         self.alpha = self.chol_inv.T @ (self.chol_inv @ z)
+        return spent
 
     def hyper_kernel(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return math.exp(self.hyper.log_signal) * self._matern(self._r(a, b, self.hyper))
-
-    def _optimise(self, x: np.ndarray, z: np.ndarray, steps: int) -> Hyper:
-        """Adam on the log marginal likelihood, from the current hyperparameters."""
-        n = len(z)
-        # Per-group squared distances (training set only), stacked (groups, n, n): every step's
-        # distances and gradient are then one contraction over the groups, not a loop of them.
-        dsq = np.empty((len(self.groups), n, n))
-        for g, group in enumerate(self.groups):
-            diff = x[:, None, group] - x[None, :, group]
-            dsq[g] = (diff * diff).sum(-1)
-        flat = dsq.reshape(len(self.groups), n * n)
-        theta = np.concatenate([self.hyper.log_lengths, [self.hyper.log_signal, self.hyper.log_noise]])
-        lo = np.concatenate([np.full(len(self.groups), self.min_log_length), [math.log(0.05), self.min_log_noise]])
-        hi = np.concatenate([np.full(len(self.groups), self.max_log_length), [math.log(20.0), self.max_log_noise]])
-        m, v = np.zeros_like(theta), np.zeros_like(theta)
-        lr, b1, b2 = 0.08, 0.9, 0.999
-        for step in range(1, steps + 1):
-            lengths2 = np.exp(-2.0 * theta[: len(self.groups)])
-            rsq = (lengths2 @ flat).reshape(n, n)
-            r = np.sqrt(np.maximum(rsq, 0.0))
-            signal, noise = math.exp(theta[-2]), math.exp(theta[-1])
-            base = np.exp(-SQRT5 * r)
-            k = signal * (1.0 + SQRT5 * r + (5.0 / 3.0) * rsq) * base
-            ky = k + noise * np.eye(n)
-            try:
-                chol = np.linalg.cholesky(ky)
-            except np.linalg.LinAlgError:
-                theta[-1] = min(theta[-1] + 1.0, hi[-1])
-                continue
-            chol_inv = lower_inverse(chol)
-            inv = chol_inv.T @ chol_inv
-            alpha = inv @ z
-            w = np.outer(alpha, alpha) - inv  # d logL / dK = 0.5 * w
-            grad = np.empty_like(theta)
-            dk_common = signal * (5.0 / 3.0) * (1.0 + SQRT5 * r) * base
-            grad[: len(self.groups)] = 0.5 * lengths2 * (flat @ (w * dk_common).ravel())
-            grad[-2] = 0.5 * np.sum(w * k)
-            grad[-1] = 0.5 * noise * np.trace(w)
-            # Ascend the likelihood, with a weak pull of the lengthscales towards 1 (a prior).
-            grad[: len(self.groups)] -= 0.05 * theta[: len(self.groups)]
-            m = b1 * m + (1 - b1) * grad
-            v = b2 * v + (1 - b2) * grad * grad
-            theta = theta + lr * (m / (1 - b1 ** step)) / (np.sqrt(v / (1 - b2 ** step)) + 1e-8)
-            theta = np.clip(theta, lo, hi)
-        return Hyper(theta[: len(self.groups)].copy(), float(theta[-2]), float(theta[-1]))
 
     # -- prediction -----------------------------------------------------------------------------
 
@@ -282,6 +253,83 @@ class GaussianProcess:
     def correlation(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """The kernel's correlation (0..1) between rows of ``a`` and ``b``."""
         return self._matern(self._r(a, b, self.hyper))
+
+
+
+class HyperFit:
+    """Adam on the log marginal likelihood of ``gp`` over ``x``, ``z``, from ``start``, for
+    ``steps`` steps, taken a few at a time (:meth:`advance`). A step costs ``(len(z) / unit) ** 3``
+    of work (a step's Cholesky factor and inverse grow with the cube of the points): a step on
+    ``unit`` points costs 1, so the first fit of a short history costs almost nothing and a bound
+    on the work of one ask (``AutoStrategy.ask_work``) splits only the fits that take time."""
+
+    lr, b1, b2 = 0.08, 0.9, 0.999
+
+    def __init__(self, gp: GaussianProcess, x: np.ndarray, z: np.ndarray, start: Hyper, steps: int, *,
+                 unit: int = 80):
+        n = len(z)
+        self.gp, self.z, self.steps, self.step = gp, z, steps, 0
+        self.cost = min(1.0, (n / max(unit, 1)) ** 3)
+        groups = gp.groups
+        # Per-group squared distances (training set only), stacked (groups, n, n): every step's
+        # distances and gradient are then one contraction over the groups, not a loop of them.
+        dsq = np.empty((len(groups), n, n))
+        for g, group in enumerate(groups):
+            diff = x[:, None, group] - x[None, :, group]
+            dsq[g] = (diff * diff).sum(-1)
+        self.flat = dsq.reshape(len(groups), n * n)
+        self.theta = np.concatenate([start.log_lengths, [start.log_signal, start.log_noise]])
+        self.lo = np.concatenate([np.full(len(groups), gp.min_log_length), [math.log(0.05), gp.min_log_noise]])
+        self.hi = np.concatenate([np.full(len(groups), gp.max_log_length), [math.log(20.0), gp.max_log_noise]])
+        self.m, self.v = np.zeros_like(self.theta), np.zeros_like(self.theta)
+
+    @property
+    def done(self) -> bool:
+        return self.step >= self.steps
+
+    def hyper(self) -> Hyper:
+        g = len(self.gp.groups)
+        return Hyper(self.theta[:g].copy(), float(self.theta[-2]), float(self.theta[-1]))
+
+    def advance(self, work: float | None = None) -> float:
+        """Take the steps left, as many as ``work`` pays for (None: all); returns the work spent."""
+        spent = 0.0
+        while not self.done and (work is None or spent + self.cost <= work + 1e-12):
+            self._one_step()
+            spent += self.cost
+        return spent
+
+    def _one_step(self) -> None:
+        self.step += 1
+        n, g, theta, z, flat = len(self.z), len(self.gp.groups), self.theta, self.z, self.flat
+        lengths2 = np.exp(-2.0 * theta[:g])
+        rsq = (lengths2 @ flat).reshape(n, n)
+        r = np.sqrt(np.maximum(rsq, 0.0))
+        signal, noise = math.exp(theta[-2]), math.exp(theta[-1])
+        base = np.exp(-SQRT5 * r)
+        k = signal * (1.0 + SQRT5 * r + (5.0 / 3.0) * rsq) * base
+        ky = k + noise * np.eye(n)
+        try:
+            chol = np.linalg.cholesky(ky)
+        except np.linalg.LinAlgError:
+            theta[-1] = min(theta[-1] + 1.0, self.hi[-1])
+            return
+        chol_inv = lower_inverse(chol)
+        inv = chol_inv.T @ chol_inv
+        alpha = inv @ z
+        w = np.outer(alpha, alpha) - inv  # d logL / dK = 0.5 * w
+        grad = np.empty_like(theta)
+        dk_common = signal * (5.0 / 3.0) * (1.0 + SQRT5 * r) * base
+        grad[:g] = 0.5 * lengths2 * (flat @ (w * dk_common).ravel())
+        grad[-2] = 0.5 * np.sum(w * k)
+        grad[-1] = 0.5 * noise * np.trace(w)
+        # Ascend the likelihood, with a weak pull of the lengthscales towards 1 (a prior).
+        grad[:g] -= 0.05 * theta[:g]
+        self.m = self.b1 * self.m + (1 - self.b1) * grad
+        self.v = self.b2 * self.v + (1 - self.b2) * grad * grad
+        step = self.step
+        theta = theta + self.lr * (self.m / (1 - self.b1 ** step)) / (np.sqrt(self.v / (1 - self.b2 ** step)) + 1e-8)
+        self.theta = np.clip(theta, self.lo, self.hi)
 
 
 def lower_inverse(lower: np.ndarray, block: int = 64) -> np.ndarray:
