@@ -255,7 +255,6 @@ class GaussianProcess:
         return self._matern(self._r(a, b, self.hyper))
 
 
-
 class HyperFit:
     """Adam on the log marginal likelihood of ``gp`` over ``x``, ``z``, from ``start``, for
     ``steps`` steps, taken a few at a time (:meth:`advance`). A step costs ``(len(z) / unit) ** 3``
