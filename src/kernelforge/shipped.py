@@ -76,7 +76,7 @@ def shipped_for(paths: tuple[ShippedPath, ...], shape: Shape) -> ShippedPath | N
 
 def covering(paths: tuple[ShippedPath, ...], shapes: "list[Shape] | tuple[Shape, ...]") -> tuple[ShippedPath, ...]:
     """The entries that are :func:`shipped_for` at least one of ``shapes``, in declared order."""
-    chosen = {id(entry): entry for entry in (shipped_for(paths, shape) for shape in shapes) if entry is not None}
+    chosen = {id(shipped_for(paths, shape)) for shape in shapes}
     return tuple(entry for entry in paths if id(entry) in chosen)
 
 

@@ -256,7 +256,7 @@ class GroupRoutedExperts(Block):
         moves a selection by itself; but each token also gets a decoy: an unchosen expert of one
         of its kept groups, with a bias below every chosen one's, whose unbiased score beats the
         lowest chosen score. A kernel that selects on unbiased scores picks the decoy; only the
-        biased scores choose the chosen set."""
+        biased scores choose the given ids."""
         T, E = shape["T"], shape["E"]
         rule = self.routing_of(shape)
         per_group = E // rule.groups
