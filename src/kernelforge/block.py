@@ -32,8 +32,8 @@ The block contract (v2; a v1 block, with one output ``out`` and nothing in place
   call instead fills them with an earlier call's results, as a timed call sees them); in-place inputs
   start from their generated values; every other input must come back bit for bit unchanged; the
   identity (pointer, shape, dtype, strides) of every output is checked, and so are a repeated call
-  and new values under the same pointers, and a byte fingerprint of every output on return and
-  after a full device synchronisation. A failure's message names the output
+  and new values under the same pointers, and a byte copy of every output on return compared
+  with one after a full device synchronisation. A failure's message names the output
   (``residual: relative error 0.31 exceeds 0.02``) unless the block is v1.
 - Timing allocates the outputs once per input set; in-place inputs are restored from a copy before
   every timed call (not timed) when :attr:`Block.inplace_reset` is True (the default), so the

@@ -5,7 +5,7 @@
 - :mod:`.compare`: the tolerance check of one output against its reference.
 - :mod:`.contract`: the block contract as the harness reads it (which tensors a candidate writes).
 - :mod:`.guard`: one call of a candidate and the checks made around it by the process that runs it.
-- :mod:`.fingerprint`: byte-level views of tensors: fingerprints, bitwise equality, poison.
+- :mod:`.fingerprint`: byte-level views of tensors: raw bytes, bitwise equality, poison.
 - :mod:`.held_out`: which held-out shapes a candidate is verified on, drawn by the trusted side.
 - :mod:`.harness`: has a candidate replaced a function the verdicts or timings rely on?
 """

@@ -1,9 +1,10 @@
-"""Byte-level views of tensors for the defenses: fingerprints, bitwise equality, and poison.
+"""Byte-level views of tensors for the defenses: raw bytes, bitwise equality, and poison.
 
 Everything here works on the raw bytes of a tensor flattened first, so it holds for every shape
-and dtype: 0-d tensors, odd last dimensions of 2-byte dtypes (viewing a ``(2, 5)`` bf16 tensor's
-bytes as int32 words fails: "must be divisible by 4 to view Byte as Int"), integer and bool
-tensors, and views with a storage offset.
+and dtype: 0-d tensors, odd last dimensions of 2-byte dtypes, integer and bool tensors, transposed
+views and views with a storage offset. Comparisons are exact byte for byte, never a digest: a
+summed checksum of bytes collides (adding 1 to an fp16 value can keep its bytes' sum), and a
+candidate that knew the digest could write results that match it.
 """
 
 from __future__ import annotations
@@ -16,19 +17,6 @@ import torch
 def raw_bytes(tensor: torch.Tensor) -> torch.Tensor:
     """The bytes of ``tensor`` as a flat uint8 tensor (a copy only if it is not contiguous)."""
     return tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-
-
-def fingerprint(tensor: torch.Tensor) -> torch.Tensor:
-    """An exact, order-independent digest of ``tensor``'s bytes (an int64 scalar on its device):
-    the integer sum of its 32-bit words (of its bytes when they do not split into words). It
-    changes whenever the bytes do, in practice, and needs no temporary copy of the tensor."""
-    raw = raw_bytes(tensor)
-    if raw.numel() % 4 == 0:
-        try:
-            raw = raw.view(torch.int32)
-        except RuntimeError:  # a storage offset that is not a multiple of 4 bytes: sum the bytes
-            pass
-    return raw.sum(dtype=torch.int64)
 
 
 def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
