@@ -310,19 +310,6 @@ def test_a_selector_is_not_a_size():
     assert not strategy.aligned((1, 96, 1)) and not strategy.aligned((2, 64, 3))
 
 
-def test_lower_inverse_is_the_inverse_of_a_cholesky_factor():
-    from kernelforge.strategies.auto.surrogate import lower_inverse
-
-    rng = np.random.default_rng(1)
-    for n in (1, 5, 64, 65, 150, 400):  # below, at and above the block size, odd halves
-        x = rng.normal(size=(n, 6))
-        k = np.exp(-((x[:, None] - x[None]) ** 2).sum(-1) / 4) + 1e-3 * np.eye(n)
-        lower = np.linalg.cholesky(k)
-        inverse = lower_inverse(lower)
-        assert np.allclose(inverse @ lower, np.eye(n), atol=1e-8)
-        assert np.allclose(np.triu(inverse, 1), 0.0)  # lower-triangular, as the factor
-
-
 def test_a_refit_starts_from_the_previous_fit():
     """``auto``'s later refits take fewer Adam steps (``refit_steps``) than its first fit
     (``fit_steps``) because each starts from the hyperparameters the previous fit left."""

@@ -290,7 +290,7 @@ class AutoStrategy(Strategy):
         mu, sd = self._gp.predict(x_pool)
         score = expected_improvement(mu, sd, float(y.min()))
         if failed:
-            chance = self._chance_to_run(x_pool, ok, failed)
+            chance = self._chance_to_run(x_pool)
             score = score * chance
             # A point the failure model gives little chance is left while any other remains: the
             # speed model only extrapolates there (it never saw such a point run).
@@ -328,11 +328,12 @@ class AutoStrategy(Strategy):
             mu, _ = self._gp.predict(xb)
             self._gp.fit(np.vstack([x, xb]), np.concatenate([y, mu]), refit=False, work=0.0)
 
-    def _chance_to_run(self, x_pool: np.ndarray, ok: list[Key], failed: list[Key]) -> np.ndarray:
+    def _chance_to_run(self, x_pool: np.ndarray) -> np.ndarray:
         """One minus a GP regression of "it failed" (1) against "it ran" (0) over every told point,
         with lengthscales of its own: failures often hang on other parameters than speed does."""
-        told = ok + failed
-        y = np.concatenate([np.zeros(len(ok)), np.ones(len(failed))])
+        # Every told point in the order told, so the rows only grow and the factor is extended.
+        told = list(self.known)
+        y = np.array([float(self.known[k] is None) for k in told])
         refit = len(told) >= self._failures_refit_at
         if refit:
             self._failures_refit_at = len(told) + max(2, len(told) // 8)

@@ -28,6 +28,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from kernelforge.space import Space, is_integer, is_number
+from kernelforge.strategies.auto.factor import GrowingFactor, lower_inverse
 
 SQRT5 = math.sqrt(5.0)
 
@@ -173,6 +174,8 @@ class GaussianProcess:
         self.scale = 1.0
         self.alpha = np.zeros(0)
         self.chol_inv = np.zeros((0, 0))
+        #: L^-1 of the kernel matrix, kept across fits with the same hyperparameters.
+        self.factor = GrowingFactor()
         #: The hyperparameter fit under way (None: none), and the work all fits have spent.
         self.under_way: HyperFit | None = None
         self.work_done = 0.0
@@ -226,8 +229,9 @@ class GaussianProcess:
                 self.hyper = self.under_way.hyper()
                 self.under_way = None
         self.x = x
-        k = self.hyper_kernel(x, x) + math.exp(self.hyper.log_noise) * np.eye(len(x))
-        self.chol_inv = lower_inverse(_cholesky(k))  # L^-1: one factorisation, then products only
+        hyper = self.hyper
+        key = np.concatenate([hyper.log_lengths, [hyper.log_signal, hyper.log_noise]]).tobytes()
+        self.chol_inv = self.factor.inverse_for(x, self.hyper_kernel, math.exp(hyper.log_noise), key)
         self.alpha = self.chol_inv.T @ (self.chol_inv @ z)
         return spent
 
@@ -329,34 +333,6 @@ class HyperFit:
         step = self.step
         theta = theta + self.lr * (self.m / (1 - self.b1 ** step)) / (np.sqrt(self.v / (1 - self.b2 ** step)) + 1e-8)
         self.theta = np.clip(theta, self.lo, self.hi)
-
-
-def lower_inverse(lower: np.ndarray, block: int = 64) -> np.ndarray:
-    """The inverse of a lower-triangular matrix (a Cholesky factor), by halves: the inverse of
-    [[A, 0], [C, D]] is [[A^-1, 0], [-D^-1 C A^-1, D^-1]], down to blocks of ``block`` rows that
-    numpy inverts. Two matrix products per level instead of a general LU inverse: about a sixth of
-    numpy's ``inv`` time at 400 told points on one BLAS thread (issue 34), the same to rounding."""
-    n = len(lower)
-    if n <= block:
-        return np.linalg.inv(lower)
-    half = n // 2
-    top = lower_inverse(lower[:half, :half], block)
-    bottom = lower_inverse(lower[half:, half:], block)
-    out = np.zeros_like(lower)
-    out[:half, :half] = top
-    out[half:, half:] = bottom
-    out[half:, :half] = -bottom @ (lower[half:, :half] @ top)
-    return out
-
-
-def _cholesky(k: np.ndarray) -> np.ndarray:
-    jitter = 1e-9
-    for _ in range(8):
-        try:
-            return np.linalg.cholesky(k + jitter * np.eye(len(k)))
-        except np.linalg.LinAlgError:
-            jitter *= 10.0
-    return np.linalg.cholesky(k + 1e-2 * np.eye(len(k)))
 
 
 def expected_improvement(mu: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
