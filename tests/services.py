@@ -49,6 +49,8 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "ensure_services.sh"
 #: Generous: the machine is shared and loaded; a start that succeeds is not waited on longer.
 START_TIMEOUT_S = 180.0
 RAY_OBJECT_STORE_BYTES = 200 * 1024 * 1024
+#: Starts of the local Ray cluster tried before it is called unavailable (see :func:`ray_cluster`).
+RAY_START_TRIES = 3
 
 
 class ServiceUnavailable(Exception):
@@ -172,34 +174,51 @@ def ray_cluster() -> Iterator[str]:
     ray = Path(sys.executable).parent / "ray"
     if not ray.exists():
         raise ServiceUnavailable(f"Ray is not installed in {Path(sys.executable).parent.parent}: pip install -e '.[ray]'")
-    # Short and private: Ray's socket paths live under it and must stay under 108 bytes.
-    folder = Path(tempfile.mkdtemp(prefix="kf-ray-", dir="/tmp"))
-    log = open(folder / "ray-start.log", "w")
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
     env.pop("RAY_ADDRESS", None)
-    proc = None
+    proc, folder, log = None, None, None
     try:
         with machine_lock():
-            gcs, agent, agent_grpc, metrics, runtime_env, node_manager, object_manager = free_ports(7)
-            # --block: this one process owns the cluster; SIGTERM to it stops exactly its processes.
-            # Every port is chosen (the defaults are fixed numbers two clusters would share);
-            # worker ports 0..0: the OS picks them. No Ray Client server (it needs ray[client]).
-            proc = subprocess.Popen(
-                [str(ray), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={gcs}",
-                 "--num-cpus=2", "--num-gpus=2", "--include-dashboard=false", "--disable-usage-stats",
-                 f"--object-store-memory={RAY_OBJECT_STORE_BYTES}", f"--temp-dir={folder}",
-                 f"--dashboard-agent-listen-port={agent}",
-                 f"--dashboard-agent-grpc-port={agent_grpc}", f"--metrics-export-port={metrics}",
-                 f"--runtime-env-agent-port={runtime_env}", f"--node-manager-port={node_manager}",
-                 f"--object-manager-port={object_manager}", "--min-worker-port=0", "--max-worker-port=0"],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-            _wait_for_ray(proc, folder)
+            # The ports are free when chosen, but Ray binds them over the seconds it starts: a
+            # process outside the lock (an ephemeral bind or outgoing connection) may be given one
+            # meanwhile, and the start fails (measured: ~35-40 s, then the process exits). A start
+            # whose process exited is retried on fresh ports and a fresh folder; one that timed out
+            # is not (a loaded host), and the last failure is raised.
+            for attempt in range(1, RAY_START_TRIES + 1):
+                # Short and private: Ray's socket paths live under it and must stay under 108 bytes.
+                folder = Path(tempfile.mkdtemp(prefix="kf-ray-", dir="/tmp"))
+                log = open(folder / "ray-start.log", "w")
+                gcs, agent, agent_grpc, metrics, runtime_env, node_manager, object_manager = free_ports(7)
+                # --block: this one process owns the cluster; SIGTERM to it stops exactly its processes.
+                # Every port is chosen (the defaults are fixed numbers two clusters would share);
+                # worker ports 0..0: the OS picks them. No Ray Client server (it needs ray[client]).
+                proc = subprocess.Popen(
+                    [str(ray), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={gcs}",
+                     "--num-cpus=2", "--num-gpus=2", "--include-dashboard=false", "--disable-usage-stats",
+                     f"--object-store-memory={RAY_OBJECT_STORE_BYTES}", f"--temp-dir={folder}",
+                     f"--dashboard-agent-listen-port={agent}",
+                     f"--dashboard-agent-grpc-port={agent_grpc}", f"--metrics-export-port={metrics}",
+                     f"--runtime-env-agent-port={runtime_env}", f"--node-manager-port={node_manager}",
+                     f"--object-manager-port={object_manager}", "--min-worker-port=0", "--max-worker-port=0"],
+                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+                try:
+                    _wait_for_ray(proc, folder)
+                    break
+                except ServiceUnavailable:
+                    if attempt == RAY_START_TRIES or proc.poll() is None:  # a start still going: no retry
+                        raise
+                    _stop_ray(proc)
+                    proc = None
+                    log.close()
+                    shutil.rmtree(folder, ignore_errors=True)
         yield f"127.0.0.1:{gcs}"
     finally:
         if proc is not None:
             _stop_ray(proc)
-        log.close()
-        shutil.rmtree(folder, ignore_errors=True)
+        if log is not None:
+            log.close()
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _wait_for_ray(proc: subprocess.Popen, folder: Path) -> None:

@@ -78,10 +78,10 @@ def test_a_wrong_base_url_is_fatal_and_says_what_to_check():
 
 
 def test_an_unreachable_endpoint_is_fatal_after_its_retries():
-    with socket.socket() as sock:  # a port nobody listens on once this closes
+    with socket.socket() as sock:  # bound, never listened on: refused, and no other process can take it
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    exchange = client(f"http://127.0.0.1:{port}/v1", max_retries=1).complete(MESSAGES)
+        exchange = client(f"http://127.0.0.1:{port}/v1", max_retries=1).complete(MESSAGES)
     assert [a.status for a in exchange.attempts] == ["unreachable", "unreachable"]
     assert exchange.fatal and "cannot connect" in exchange.fatal
 

@@ -79,14 +79,17 @@ CANDIDATES = {
         "    _CALLS[0] += 1\n"
         "    axpy(x, y, alpha + 1e-3 * _CALLS[0], out)\n"
     ),
-    # Finishes the work on a background thread after returning.
+    # Finishes the work on a background thread after returning. The thread starts after the last
+    # launch and sleeps far longer than the few statements between its start and the judge's
+    # thread count: started before the launch with a 50 ms sleep, it finished during the process's
+    # first interpreter launch (~57 ms) and the cheat came out wrong instead of rejected.
     "deferred_thread": (
         "def run(x, y, alpha, out):\n"
         "    def late():\n"
-        "        time.sleep(0.05)\n"
+        "        time.sleep(1.0)\n"
         "        axpy(x, y, alpha, out)\n"
-        "    threading.Thread(target=late).start()\n"
         "    _fill[(triton.cdiv(out.numel(), 256),)](out, 0.0, out.numel(), BLOCK=256)\n"
+        "    threading.Thread(target=late).start()\n"
     ),
     # Writes NaN everywhere.
     "nan_output": (
