@@ -330,8 +330,7 @@ class AutoStrategy(Strategy):
 
     def _chance_to_run(self, x_pool: np.ndarray) -> np.ndarray:
         """One minus a GP regression of "it failed" (1) against "it ran" (0) over every told point,
-        with lengthscales of its own: failures often hang on other parameters than speed does."""
-        # Every told point in the order told, so the rows only grow and the factor is extended.
+        with lengthscales of its own (failures hang on other parameters); rows in told order, so they grow."""
         told = list(self.known)
         y = np.array([float(self.known[k] is None) for k in told])
         refit = len(told) >= self._failures_refit_at
