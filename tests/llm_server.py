@@ -13,12 +13,23 @@ toy block's demo script: a faster kernel, a slower one and every kind of bad ans
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
+
+
+@contextlib.contextmanager
+def refusing_port() -> Iterator[int]:
+    """A loopback port bound here and never listened on while the block runs: connections to it
+    are refused, and no other process can be given it meanwhile (a port closed before use can)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
 
 
 @dataclass(frozen=True)

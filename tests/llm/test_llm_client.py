@@ -4,14 +4,13 @@ never appearing in what is recorded."""
 
 from __future__ import annotations
 
-import socket
 from email.utils import format_datetime
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from kernelforge.llm.client import OpenAIChatClient, adapted_params, retry_after
-from llm_server import Reply, ScriptedServer
+from llm_server import Reply, ScriptedServer, refusing_port
 
 KEY = "sk-test-KFCLIENT-0123456789abcdef"
 MESSAGES = [{"role": "system", "content": "rules"}, {"role": "user", "content": "write a kernel"}]
@@ -78,9 +77,7 @@ def test_a_wrong_base_url_is_fatal_and_says_what_to_check():
 
 
 def test_an_unreachable_endpoint_is_fatal_after_its_retries():
-    with socket.socket() as sock:  # bound, never listened on: refused, and no other process can take it
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    with refusing_port() as port:
         exchange = client(f"http://127.0.0.1:{port}/v1", max_retries=1).complete(MESSAGES)
     assert [a.status for a in exchange.attempts] == ["unreachable", "unreachable"]
     assert exchange.fatal and "cannot connect" in exchange.fatal

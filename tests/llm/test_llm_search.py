@@ -6,22 +6,19 @@ search rebuilds the LLM's templates; an unusable endpoint stops only the generat
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import socket
 import sqlite3
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from kernelforge.llm.parse import template_id_for
 from kernelforge.store.store import Store
-from llm_server import FAST, SLOW, Reply, ScriptedServer, demo_script, fenced
+from llm_server import FAST, SLOW, Reply, ScriptedServer, demo_script, fenced, refusing_port
 from llm_toy import run_llm_search
 
 pytestmark = pytest.mark.interpreter
@@ -210,19 +207,10 @@ def test_a_resumed_search_rebuilds_the_llm_templates_and_asks_nothing_again(tmp_
     assert len(store.llm_calls(final_only=True)) == 2
 
 
-@contextlib.contextmanager
-def _refusing_port() -> Iterator[int]:
-    """A loopback port bound here and never listened on while the block runs: connections to it
-    are refused, and no other process can be given it meanwhile (a port closed before use can)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        yield sock.getsockname()[1]
-
-
 @pytest.mark.parametrize("case", ["unreachable", "refused key", "wrong path", "unset key variable"])
 def test_an_unusable_endpoint_stops_only_the_generator(tmp_path, case, monkeypatch):
     monkeypatch.setenv("KF_TEST_API_KEY", KEY)
-    with ScriptedServer([Reply(status=401, echo_key=True)]) as server, _refusing_port() as refusing:
+    with ScriptedServer([Reply(status=401, echo_key=True)]) as server, refusing_port() as refusing:
         url, key_env, fragment = {
             "unreachable": (f"http://127.0.0.1:{refusing}/v1", "KF_TEST_API_KEY", "cannot connect"),
             "refused key": (server.base_url, "KF_TEST_API_KEY", "refused the credentials"),
