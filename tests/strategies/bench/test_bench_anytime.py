@@ -8,6 +8,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -59,13 +60,39 @@ def test_the_area_interval_brackets_the_area_of_scattered_runs():
     assert (low, high) == anytime.area_interval(traces, 1.0, 50)  # fixed seed: the same interval
 
 
+def test_the_checkpoint_intervals_bracket_the_median_curve_and_come_from_the_same_resamples():
+    traces = [(3.0,) * 10 + (1.0,) * 40, (2.0,) * 25 + (1.0,) * 25, (2.5,) * 50, (1.5,) * 10 + (1.2,) * 40, (8.0,) * 50]
+    found = anytime.intervals(traces, 1.0, 50)
+    curve = anytime.median_curve(traces, 1.0, 50)
+    assert set(found.at) == {10, 25, 50}
+    for c, (low, high) in found.at.items():
+        assert low <= curve[c - 1] <= high
+    # Each checkpoint's interval is the 2.5th and 97.5th nearest-rank percentiles of the median of
+    # that evaluation's column over the same 2,000 resamples of the five runs.
+    picks = np.random.default_rng(0).integers(0, 5, size=(2000, 5))
+    for c in (10, 25, 50):
+        column = np.array([t[c - 1] for t in traces])
+        medians = sorted(np.median(column[picks], axis=1).tolist())
+        assert found.at[c] == (medians[49], medians[1949])
+    assert found.at[10][0] > found.at[25][0]  # the runs improve after evaluation 10: so do the intervals
+    assert found.area == anytime.area_interval(traces, 1.0, 50)  # one set of resamples for both
+
+
+def test_the_resampled_curves_taken_a_block_at_a_time_give_the_same_intervals(monkeypatch):
+    traces = [tuple(1.0 + ((seed * 7 + n) % 5) / 4 for n in range(30)) for seed in range(9)]
+    whole = anytime.intervals(traces, 1.0, 30)
+    monkeypatch.setattr(anytime, "_RESAMPLE_VALUES", 9 * 30 * 7)  # 7 resamples per block
+    assert anytime.intervals(traces, 1.0, 30) == whole
+
+
 def test_summary_and_json_carry_the_anytime_figures(falling):
     results = list(bench_spaces([falling], ["grid"], seeds=1, budget=25))
     text = format_summary(results)
-    assert "falling grid: @10 3.000 @25 1.000; area 0.6" in text
+    assert "falling grid: @10 3.000 (3.000-3.000) @25 1.000 (1.000-1.000); area 0.6" in text  # identical seeds
     grid = to_json(results)["spaces"][0]["strategies"][0]
     assert grid["median_best_ratio_at"] == {"10": 3.0, "25": 1.0}
     assert grid["area"] == pytest.approx(results[0].rows[0].area) and len(grid["area_interval"]) == 2
+    assert grid["median_best_ratio_interval_at"] == {"10": [3.0, 3.0], "25": [1.0, 1.0]}
     # The trace is stored as its improvements: every evaluation of the 12 improved the best.
     assert grid["runs"][0]["trace"] == [[n, float(13 - n)] for n in range(1, 13)]
 

@@ -4,7 +4,8 @@
 - :mod:`.run`: the runs: evaluations needed to get within x% of the optimum, per strategy and seed.
 - :mod:`.anytime`: how good the best found is after any number of evaluations.
 - :mod:`.stats`: percentiles and bootstrap intervals.
+- :mod:`.compare`: each strategy against TPE, in evaluations to 1% and at each checkpoint.
 - :mod:`.report`: the bench's tables, the summary against TPE and the JSON file.
 """
 
-__all__ = ["recorded", "run", "anytime", "stats", "report"]
+__all__ = ["recorded", "run", "anytime", "stats", "compare", "report"]

@@ -15,15 +15,16 @@ seeds of one strategy on one space:
   curve over the budget) with the optimum as the reference and no random-search baseline
   subtracted: random search is benched beside every strategy and reads on the same scale.
 
-The area's :data:`~kernelforge.strategies.bench.stats.LEVEL` interval (:func:`area_interval`) resamples
-the seeds with replacement, a fixed number of times from a fixed seed, and takes the area of each
-resample's median curve.
+The :data:`~kernelforge.strategies.bench.stats.LEVEL` intervals of the area and of each checkpoint
+(:func:`intervals`) resample the seeds with replacement, a fixed number of times from a fixed seed,
+and take the area and the checkpoints of each resample's median curve.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -31,6 +32,8 @@ from kernelforge.strategies.bench.stats import percentile
 
 #: Evaluations after which the median best/optimum is reported (those within the budget).
 CHECKPOINTS = (10, 25, 50, 100, 200)
+#: At most this many values are held at once while the resampled median curves are taken.
+_RESAMPLE_VALUES = 4_000_000
 
 
 def checkpoints(budget: int) -> tuple[int, ...]:
@@ -73,16 +76,41 @@ def at_checkpoints(curve: np.ndarray) -> dict[int, float]:
     return {c: float(curve[c - 1]) for c in checkpoints(len(curve))}
 
 
-def area_interval(traces: Sequence[Sequence[float | None]], optimum: float, budget: int, *, resamples: int = 2000,
-                  level: float = 0.95, seed: int = 0) -> tuple[float, float]:
-    """The ``level`` percentile-bootstrap interval of the area of the median curve: the runs
-    resampled with replacement ``resamples`` times from a fixed ``seed`` (the same runs always give
-    the same interval)."""
+@dataclass(frozen=True)
+class Intervals:
+    """The :data:`~kernelforge.strategies.bench.stats.LEVEL` bootstrap intervals of one strategy's
+    anytime figures: of the median curve's area (``area``) and of its value after each checkpoint
+    within the budget (``at``), all from the same resamples of the runs."""
+
+    area: tuple[float, float]
+    at: Mapping[int, tuple[float, float]]
+
+
+def intervals(traces: Sequence[Sequence[float | None]], optimum: float, budget: int, *, resamples: int = 2000,
+              level: float = 0.95, seed: int = 0) -> Intervals:
+    """The percentile-bootstrap :class:`Intervals` of the median curve: the runs resampled with
+    replacement ``resamples`` times from a fixed ``seed`` (the same runs always give the same
+    intervals), each resample's median curve taken, and the ``level`` interval of its area and of
+    its checkpoints read off them."""
     matrix = curve_matrix(traces, optimum, budget)
     if len(matrix) == 0:
         raise ValueError("the interval needs at least one run")
     rng = np.random.default_rng(seed)
     picks = rng.integers(0, len(matrix), size=(resamples, len(matrix)))
-    areas = sorted(np.mean(1.0 / np.median(matrix[picks], axis=1), axis=1).tolist())
+    # The resamples' median curves, a block of them at a time: a resample is runs x budget values.
+    block = max(1, _RESAMPLE_VALUES // max(1, matrix.size))
+    curves = np.concatenate([np.median(matrix[picks[i:i + block]], axis=1) for i in range(0, resamples, block)])
     tail = (1 - level) / 2
-    return percentile(areas, tail), percentile(areas, 1 - tail)
+
+    def bounds(values: np.ndarray) -> tuple[float, float]:
+        ordered = sorted(values.tolist())
+        return percentile(ordered, tail), percentile(ordered, 1 - tail)
+
+    return Intervals(area=bounds(np.mean(1.0 / curves, axis=1)),
+                     at={c: bounds(curves[:, c - 1]) for c in checkpoints(budget)})
+
+
+def area_interval(traces: Sequence[Sequence[float | None]], optimum: float, budget: int, *, resamples: int = 2000,
+                  level: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """The ``level`` interval of the area of the median curve (:func:`intervals`)."""
+    return intervals(traces, optimum, budget, resamples=resamples, level=level, seed=seed).area

@@ -3,8 +3,9 @@
 :func:`format_space` prints one space (a header line, then :func:`format_table`: the evaluation
 figures, and a second table of the anytime figures: best/optimum after 10/25/50/100/200
 evaluations, the normalised area under that curve with its 95% interval, and time per ask);
-:func:`format_summary` one line per space comparing each strategy with ``tpe``, then one line per
-space of every strategy's anytime figures; :func:`to_json` is
+:func:`format_summary` one line per space comparing each strategy with ``tpe`` in evaluations to 1%,
+one comparing their best/optimum at the checkpoints (:mod:`.compare`), then one line per space
+of every strategy's anytime figures; :func:`to_json` is
 the one conversion of the bench's records to JSON (:func:`write_json` writes it).
 
 JSON shape (``version`` 1)::
@@ -15,17 +16,20 @@ JSON shape (``version`` 1)::
        "warm_points" (how many of its points every run asked first), "checkpoints": [10, 25, ...],
        "strategies": [{"strategy", "median_evaluations": {"0.01": n, ...}, "hit_rate": {"0.01": f, ...},
                        "median_best_ratio", "median_best_ratio_at": {"10": r, ...}, "area", "area_interval": [low, high],
-                       "ask_ms_median",
+                       "median_best_ratio_interval_at": {"10": [low, high], ...}, "ask_ms_median",
                        "ask_ms_p95", "median_free_tells", "seconds",
-                       "vs_tpe": {"fraction", "bound", "interval": [low, high], "hit_rate", "tpe_hit_rate"}
-                                  (absent for tpe; the interval: the 95% bootstrap interval of the fraction),
+                       "vs_tpe": {"fraction", "bound", "interval": [low, high], "hit_rate", "tpe_hit_rate",
+                                  "at": {"25": {"fraction", "interval": [low, high]}, ...}}
+                                  (absent for tpe; intervals: 95% bootstrap intervals of the fractions;
+                                  ``at``: median best/optimum as a fraction of tpe's, :mod:`.compare`),
                        "runs": [{"seed", "evaluations", "free_tells", "best_ms", "reached": {"0.01": n|null},
                                  "best_ms_at": {"25": ms|null}, "trace": [[n, ms], ...] (each evaluation n at
                                  which the best improved, and the new best), "ask_ms_median", "ask_ms_p95",
                                  "seconds"}]}]}
 
-The fields ``warm_from``, ``warm_points``, ``area``, ``area_interval`` and ``trace`` were added to
-version 1 (issue 34); files written before lack them.]}
+The fields ``warm_from``, ``warm_points``, ``area``, ``area_interval``, ``trace``,
+``median_best_ratio_interval_at`` and ``vs_tpe.at`` were added to version 1 (issue 34); files
+written before lack them.
 
 A median of evaluations counts a seed that missed as ``budget + 1``; a ratio with no success is null.
 """
@@ -39,7 +43,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from kernelforge.errors import UserError
-from kernelforge.strategies.bench.run import (LEVEL, REFERENCE, THRESHOLDS, BenchRow, BenchRun, Relative, SpaceBench,
+from kernelforge.strategies.bench.compare import Relative, relative
+from kernelforge.strategies.bench.run import (LEVEL, REFERENCE, THRESHOLDS, BenchRow, BenchRun, SpaceBench,
                                           percentile)
 
 JSON_VERSION = 1
@@ -127,21 +132,30 @@ def _relative_text(rel: Relative) -> str:
     return f"{rel.strategy} {fraction} ({interval}hit {rel.hit_rate:.0%} vs {rel.reference_hit_rate:.0%})"
 
 
+def _checkpoints_text(rel: Relative) -> str:
+    return f"{rel.strategy} " + " ".join(f"@{f.evaluations} {f.fraction:.3f} ({f.low:.3f}-{f.high:.3f})" for f in rel.at)
+
+
 def format_summary(results: Sequence[SpaceBench]) -> str:
     """One line per space: each strategy's median evaluations to 1% as a fraction of tpe's, and
-    its hit rate to 1% against tpe's (none when tpe was not benched or is alone); then
-    :func:`format_anytime` ("" when there is neither)."""
-    lines = []
+    its hit rate to 1% against tpe's; then one line per space of each strategy's median
+    best/optimum at the checkpoints as a fraction of tpe's, with intervals (none of either when tpe
+    was not benched or is alone); then :func:`format_anytime` ("" when there is nothing)."""
+    lines, at_lines = [], []
     for result in results:
-        relatives = result.relative()
+        relatives = relative(result)
         if relatives:
             lines.append(f"{result.name}: " + "; ".join(_relative_text(r) for r in relatives))
+            at_lines.append(f"{result.name}: " + "; ".join(_checkpoints_text(r) for r in relatives))
     anytime = format_anytime(results)
     if not lines:
         return anytime
     return (f"evaluations to 1% as a fraction of {REFERENCE}'s (below 1: fewer; >x or <x: a bound, one side "
             f"missed in most seeds; n/a: both did), its {LEVEL:.0%} bootstrap interval over seeds, hit rates to 1% "
-            f"against {REFERENCE}'s:\n" + "\n".join(lines) + ("\n\n" + anytime if anytime else ""))
+            f"against {REFERENCE}'s:\n" + "\n".join(lines)
+            + f"\n\nmedian best/optimum after n evaluations as a fraction of {REFERENCE}'s (below 1: closer to the "
+            f"optimum), its {LEVEL:.0%} bootstrap interval (checkpoints where every seed of both found a point):\n"
+            + "\n".join(at_lines) + ("\n\n" + anytime if anytime else ""))
 
 
 def format_anytime(results: Sequence[SpaceBench]) -> str:
@@ -150,13 +164,21 @@ def format_anytime(results: Sequence[SpaceBench]) -> str:
     lines = []
     for result in results:
         for row in result.rows:
-            marks = " ".join(f"@{c} {_ratio_text(r)}" for c, r in row.median_best_ratio_at.items())
+            marks = " ".join(f"@{c} {_ratio_text(r)}{_bracket(row.median_best_ratio_interval_at.get(c))}"
+                             for c, r in row.median_best_ratio_at.items())
             lines.append(f"{result.name} {row.strategy}: {marks}; area {row.area:.3f} "
                          f"({LEVEL:.0%} {_interval_text(row.area_interval)})")
     if not lines:
         return ""
-    return ("anytime: median best/optimum after n evaluations (@n), and the normalised area under that curve "
-            "(mean optimum/best over the budget; 1 is the optimum from the first evaluation):\n" + "\n".join(lines))
+    return (f"anytime: median best/optimum after n evaluations (@n) with its {LEVEL:.0%} interval, and the "
+            "normalised area under that curve (mean optimum/best over the budget; 1 is the optimum from the first "
+            "evaluation):\n" + "\n".join(lines))
+
+
+def _bracket(interval: tuple[float, float] | None) -> str:
+    if interval is None or not all(math.isfinite(v) for v in interval):
+        return ""
+    return f" ({_interval_text(interval)})"
 
 
 def _finite(value: float | None) -> float | None:
@@ -188,7 +210,7 @@ def _improvements(trace: Sequence[float | None]) -> list[list[float]]:
     return out
 
 
-def _row_json(row: BenchRow, relative: Relative | None) -> dict[str, Any]:
+def _row_json(row: BenchRow, against: Relative | None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "strategy": row.strategy,
         "median_evaluations": {str(t): v for t, v in row.median_evaluations.items()},
@@ -197,25 +219,27 @@ def _row_json(row: BenchRow, relative: Relative | None) -> dict[str, Any]:
         "median_best_ratio_at": {str(c): _finite(v) for c, v in row.median_best_ratio_at.items()},
         "area": row.area,
         "area_interval": list(row.area_interval),
+        "median_best_ratio_interval_at": {str(c): [_finite(v) for v in i] for c, i in row.median_best_ratio_interval_at.items()},
         "ask_ms_median": row.ask_ms_median,
         "ask_ms_p95": row.ask_ms_p95,
         "median_free_tells": row.median_free_tells,
         "seconds": row.seconds,
     }
-    if relative is not None:
-        out[f"vs_{relative.reference}"] = {
-            "fraction": relative.fraction,
-            "bound": relative.bound,
-            "interval": [relative.low, relative.high],
-            "hit_rate": relative.hit_rate,
-            f"{relative.reference}_hit_rate": relative.reference_hit_rate,
+    if against is not None:
+        out[f"vs_{against.reference}"] = {
+            "fraction": against.fraction,
+            "bound": against.bound,
+            "interval": [against.low, against.high],
+            "hit_rate": against.hit_rate,
+            f"{against.reference}_hit_rate": against.reference_hit_rate,
+            "at": {str(f.evaluations): {"fraction": f.fraction, "interval": [f.low, f.high]} for f in against.at},
         }
     out["runs"] = [_run_json(run) for run in row.runs]
     return out
 
 
 def _space_json(result: SpaceBench) -> dict[str, Any]:
-    relatives = {r.strategy: r for r in result.relative()}
+    relatives = {r.strategy: r for r in relative(result)}
     return {
         "space": result.name,
         "device": result.device,

@@ -41,7 +41,7 @@ import os
 import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, Mapping, Sequence
 
 from kernelforge.errors import UserError
@@ -92,8 +92,8 @@ class BenchRow:
     ``median_evaluations[t]`` counts a seed that never reached threshold ``t`` as ``budget + 1``;
     ``hit_rate[t]`` is the fraction of seeds that reached it within the budget. Ratios are best /
     optimum (``inf`` for a seed with no success), ``median_best_ratio_at`` the median curve at the
-    checkpoints and ``area`` its normalised area with the 95% interval ``area_interval``
-    (:mod:`kernelforge.strategies.bench.anytime`); ``ask_ms_*`` pool every ask of every seed.
+    checkpoints (``median_best_ratio_interval_at``: their 95% intervals) and ``area`` its normalised
+    area with the 95% interval ``area_interval`` (:mod:`kernelforge.strategies.bench.anytime`); ``ask_ms_*`` pool every ask of every seed.
     """
 
     strategy: str
@@ -111,23 +111,7 @@ class BenchRow:
     runs: tuple[BenchRun, ...]
     area: float = 0.0
     area_interval: tuple[float, float] = (0.0, 0.0)
-
-
-@dataclass(frozen=True)
-class Relative:
-    """A strategy against the reference (``tpe``): its median evaluations to 1% as a fraction of
-    the reference's (``bound``: "" exact, ">" or "<" when one side missed in most seeds, so the
-    fraction is a bound; "?" both missed), the :data:`LEVEL` bootstrap interval of that fraction
-    (``low``, ``high``: see :func:`fraction_interval`), and both hit rates to 1%."""
-
-    strategy: str
-    reference: str
-    fraction: float
-    bound: str
-    low: float
-    high: float
-    hit_rate: float
-    reference_hit_rate: float
+    median_best_ratio_interval_at: Mapping[int, tuple[float, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -149,13 +133,6 @@ class SpaceBench:
     stopped: bool = False
     warm_from: str | None = None
     warm_points: int = 0
-
-    def relative(self, reference: str = REFERENCE) -> tuple[Relative, ...]:
-        """Every other strategy against ``reference`` (empty when it was not benched)."""
-        ref = next((r for r in self.rows if r.strategy == reference), None)
-        if ref is None:
-            return ()
-        return tuple(_relative(row, ref) for row in self.rows if row.strategy != reference)
 
 
 def run_one(space: RecordedSpace, strategy: str, seed: int, budget: int, *, stop: bool = False,
@@ -333,6 +310,7 @@ def summarise(name: str, runs: tuple[BenchRun, ...], budget: int, optimum: float
         hit_rate[t] = sum(r.reached[t] is not None for r in runs) / len(runs)
     traces = [r.trace for r in runs]
     curve = anytime.median_curve(traces, optimum, budget)
+    intervals = anytime.intervals(traces, optimum, budget, resamples=RESAMPLES, level=LEVEL)
     asks = sorted(ms for r in runs for ms in r.ask_ms)
     return BenchRow(
         strategy=name,
@@ -349,7 +327,8 @@ def summarise(name: str, runs: tuple[BenchRun, ...], budget: int, optimum: float
         seconds=sum(r.seconds for r in runs),
         runs=runs,
         area=anytime.area(curve),
-        area_interval=anytime.area_interval(traces, optimum, budget, resamples=RESAMPLES, level=LEVEL),
+        area_interval=intervals.area,
+        median_best_ratio_interval_at=intervals.at,
     )
 
 
@@ -361,21 +340,3 @@ def ratio(best: float | None, optimum: float) -> float:
 def evaluations_to(runs: Sequence[BenchRun], threshold: float, budget: int) -> list[int]:
     """Each run's evaluations to ``threshold``, a miss counted as ``budget + 1``."""
     return [r.reached[threshold] if r.reached[threshold] is not None else budget + 1 for r in runs]
-
-
-def _relative(row: BenchRow, ref: BenchRow) -> Relative:
-    t = THRESHOLDS[0]
-    mine, theirs = row.median_evaluations[t], ref.median_evaluations[t]
-    missed, ref_missed = mine > row.budget, theirs > ref.budget
-    bound = "?" if missed and ref_missed else ">" if missed else "<" if ref_missed else ""
-    low, high = fraction_interval(evaluations_to(row.runs, t, row.budget), evaluations_to(ref.runs, t, ref.budget))
-    return Relative(
-        strategy=row.strategy,
-        reference=ref.strategy,
-        fraction=mine / theirs,
-        bound=bound,
-        low=low,
-        high=high,
-        hit_rate=row.hit_rate[t],
-        reference_hit_rate=ref.hit_rate[t],
-    )
