@@ -62,3 +62,6 @@ def test_summary_and_json_carry_the_checkpoint_fractions():
     auto = to_json([bench])["spaces"][0]["strategies"][0]
     assert auto["vs_tpe"]["at"]["10"] == {"fraction": pytest.approx(median), "interval": [rel.at[0].low, rel.at[0].high]}
     assert auto["vs_tpe"]["at"]["25"]["fraction"] == 1.0
+    assert "past a stop" not in text
+    stopped = SpaceBench("toy", None, 100, 100, 1.0, {}, BUDGET, 4, tuple(rows), stopped=True)
+    assert "runs stopped within 1%: past a stop, the best at the stop" in format_summary([stopped])

@@ -154,7 +154,9 @@ def format_summary(results: Sequence[SpaceBench]) -> str:
             f"missed in most seeds; n/a: both did), its {LEVEL:.0%} bootstrap interval over seeds, hit rates to 1% "
             f"against {REFERENCE}'s:\n" + "\n".join(lines)
             + f"\n\nmedian best/optimum after n evaluations as a fraction of {REFERENCE}'s (below 1: closer to the "
-            f"optimum), its {LEVEL:.0%} bootstrap interval (checkpoints where every seed of both found a point):\n"
+            f"optimum), its {LEVEL:.0%} bootstrap interval (checkpoints where every seed of both found a point"
+            + ("; runs stopped within 1%: past a stop, the best at the stop" if any(r.stopped for r in results) else "")
+            + "):\n"
             + "\n".join(at_lines) + ("\n\n" + anytime if anytime else ""))
 
 
