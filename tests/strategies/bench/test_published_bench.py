@@ -1,16 +1,50 @@
-"""The strategy-bench figures published in reports/strategy-bench/README.md are those of the
-bench.json stored beside it (the run the README names), not typed in by hand."""
+"""The strategy-bench figures published in reports/strategy-bench/README.md are those of the runs
+stored beside it (the runs each section names), not typed in by hand."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 from pathlib import Path
+
+import pytest
 
 from kernelforge.strategies.bench import anytime
 from kernelforge.strategies.bench.run import fraction_interval
 
 REPORT = Path(__file__).resolve().parents[3] / "reports" / "strategy-bench"
+README = REPORT / "README.md"
+HEADLINE = "The shipped auto, one table per metric"
+#: The spaces in the order the bench ran them, by the name the README's tables give them.
+LABELS = {"convolution_A4000": "convolution (RTX A4000)", "convolution_W7800": "convolution (Radeon PRO W7800)",
+          "dedispersion_W6600": "dedispersion (Radeon PRO W6600)", "gemm_RTX_Titan": "gemm, CLBlast Xgemm (TITAN RTX)",
+          "pnpoly_RTX_2080_Ti": "pnpoly (RTX 2080 Ti)"}
+
+
+def _section(title: str) -> str:
+    """The README's text from the '## ' heading that starts with ``title`` to the next heading."""
+    text = README.read_text()
+    start = text.index(f"\n## {title}")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end > 0 else len(text)]
+
+
+def _tables(text: str) -> list[list[list[str]]]:
+    """Each Markdown table of ``text``: its body rows, each a list of stripped cells."""
+    tables, rows = [], []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+        elif rows:
+            tables.append(rows[2:])  # the header and the |---| line
+            rows = []
+    return tables
+
+
+def _load(name: str) -> dict:
+    path = REPORT / name
+    return json.loads(gzip.open(path).read() if name.endswith(".gz") else path.read_text())
 
 
 def _cell(median: float, hit: float, budget: int) -> str:
@@ -18,57 +52,12 @@ def _cell(median: float, hit: float, budget: int) -> str:
     return f"{shown} ({round(100 * hit)}%)"
 
 
+def _with_interval(value: float, interval: list[float]) -> str:
+    return f"{value:.3f} ({interval[0]:.3f}-{interval[1]:.3f})"
+
+
 def _to_1pct(strategy: dict, budget: int) -> list[int]:
     return [r["reached"]["0.01"] if r["reached"]["0.01"] is not None else budget + 1 for r in strategy["runs"]]
-
-
-def test_the_readme_table_is_the_stored_run():
-    data = json.loads((REPORT / "bench.json").read_text())
-    readme = (REPORT / "README.md").read_text()
-    rows = re.findall(r"^\| (\w[^|]*?) \| (\d+) of (\d+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \|$",
-                      readme, re.M)
-    assert len(rows) == len(data["spaces"]) == 5
-    for space, row in zip(data["spaces"], rows):
-        _, feasible, grid, *cells, fraction, interval = (c.strip() for c in row)
-        assert (int(feasible), int(grid)) == (space["feasible"], space["grid_size"])
-        by_name = {s["strategy"]: s for s in space["strategies"]}
-        for name, cell in zip(("auto", "tpe", "random"), cells):
-            s = by_name[name]
-            assert cell == _cell(s["median_evaluations"]["0.01"], s["hit_rate"]["0.01"], space["budget"]), (space["space"], name)
-        vs = by_name["auto"]["vs_tpe"]
-        assert fraction == f"{vs['bound']}{vs['fraction']:.2f}", space["space"]
-        # The interval is the stored one, and the stored one is what the runs give.
-        low, high = fraction_interval(_to_1pct(by_name["auto"], space["budget"]), _to_1pct(by_name["tpe"], space["budget"]))
-        assert vs["interval"] == [low, high] and interval == f"{low:.2f}-{high:.2f}", space["space"]
-    assert f"--seeds {data['spaces'][0]['seeds']} --budget {data['spaces'][0]['budget']}" in readme
-
-
-def test_the_transfer_table_is_the_stored_runs():
-    """The README's cold/warm table (issue 34) is what the four stored transfer runs give."""
-    readme = (REPORT / "README.md").read_text()
-    rows = re.findall(r"^\| convolution (\w+) \(from (\w+)\) \| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \| "
-                      r"([^|]+) \|$", readme, re.M)
-    assert len(rows) == 2
-    for target, source, cold_cell, warm_cell, fraction, interval, cold_area, warm_area in rows:
-        runs = {}
-        for kind in ("cold", "warm"):
-            (space,) = json.loads((REPORT / f"transfer-2026-12-06-{kind}-{target}.json").read_text())["spaces"]
-            runs[kind] = (space, next(s for s in space["strategies"] if s["strategy"] == "auto"))
-        assert runs["cold"][0]["warm_from"] is None and runs["warm"][0]["warm_from"] == f"convolution_{source}"
-        budget = runs["cold"][0]["budget"]
-        cold, warm = runs["cold"][1], runs["warm"][1]
-        assert cold_cell.strip() == _cell(cold["median_evaluations"]["0.01"], cold["hit_rate"]["0.01"], budget)
-        assert warm_cell.strip() == _cell(warm["median_evaluations"]["0.01"], warm["hit_rate"]["0.01"], budget)
-        assert fraction.strip() == f"{warm['median_evaluations']['0.01'] / cold['median_evaluations']['0.01']:.2f}"
-        low, high = fraction_interval(_to_1pct(warm, budget), _to_1pct(cold, budget))
-        assert interval.strip() == f"{low:.2f}-{high:.2f}"
-        for cell, s in ((cold_area, cold), (warm_area, warm)):
-            assert cell.strip() == f"{s['area']:.3f} ({s['area_interval'][0]:.3f}-{s['area_interval'][1]:.3f})"
-            # ... and the stored area is what the stored runs' traces give.
-            traces = [_trace(run) for run in s["runs"]]
-            optimum = runs["cold"][0]["optimum_ms"]
-            assert anytime.area(anytime.median_curve(traces, optimum, budget)) == s["area"]
-            assert list(anytime.area_interval(traces, optimum, budget)) == s["area_interval"]
 
 
 def _trace(run: dict) -> list:
@@ -79,3 +68,118 @@ def _trace(run: dict) -> list:
         best = improved.get(n, best)
         out.append(best)
     return out
+
+
+def _check_evaluations_table(rows: list[list[str]], data: dict) -> None:
+    assert len(rows) == len(data["spaces"]) == 5
+    for space, (_, sizes, *cells, fraction, interval) in zip(data["spaces"], rows):
+        assert sizes == f"{space['feasible']} of {space['grid_size']}"
+        by_name = {s["strategy"]: s for s in space["strategies"]}
+        for name, cell in zip(("auto", "tpe", "random"), cells):
+            s = by_name[name]
+            assert cell == _cell(s["median_evaluations"]["0.01"], s["hit_rate"]["0.01"], space["budget"]), (space["space"], name)
+        vs = by_name["auto"]["vs_tpe"]
+        assert fraction == f"{vs['bound']}{vs['fraction']:.2f}", space["space"]
+        # The interval is the stored one, and the stored one is what the runs give.
+        low, high = fraction_interval(_to_1pct(by_name["auto"], space["budget"]), _to_1pct(by_name["tpe"], space["budget"]))
+        assert vs["interval"] == [low, high] and interval == f"{low:.2f}-{high:.2f}", space["space"]
+
+
+def test_the_first_bench_table_is_its_stored_run():
+    data = _load("bench.json")
+    section = _section("The first 20-seed bench of auto")
+    _check_evaluations_table(_tables(section)[0], data)
+    assert f"--seeds {data['spaces'][0]['seeds']} --budget {data['spaces'][0]['budget']}" in section
+
+
+@pytest.fixture(scope="module")
+def headline() -> tuple[dict, list[list[list[str]]], str]:
+    section = _section(HEADLINE)
+    return _load("bench-2026-12-06.json.gz"), _tables(section), section
+
+
+def test_the_headline_evaluations_table_is_the_stored_run(headline):
+    data, tables, section = headline
+    _check_evaluations_table(tables[0], data)
+    assert [s["space"] for s in data["spaces"]] == list(LABELS)
+    assert [row[0] for row in tables[0]] == list(LABELS.values())
+    space = data["spaces"][0]
+    assert f"--seeds {space['seeds']} \\\n        --budget {space['budget']}" in section and not space["stopped_at_1pct"]
+
+
+def test_the_headline_checkpoint_table_is_the_stored_run(headline):
+    data, tables, _ = headline
+    rows = iter(tables[1])
+    for space in data["spaces"]:
+        by_name = {s["strategy"]: s for s in space["strategies"]}
+        for c in map(str, space["checkpoints"]):
+            label, evaluations, *cells, fraction = next(rows)
+            assert (label, evaluations) == (LABELS[space["space"]], c)
+            for name, cell in zip(("auto", "tpe", "random"), cells):
+                s = by_name[name]
+                assert cell == _with_interval(s["median_best_ratio_at"][c], s["median_best_ratio_interval_at"][c])
+            at = by_name["auto"]["vs_tpe"]["at"][c]
+            assert fraction == _with_interval(at["fraction"], at["interval"])
+    assert next(rows, None) is None
+
+
+def test_the_headline_area_table_is_the_stored_run_and_the_runs_give_it(headline):
+    data, tables, _ = headline
+    assert len(tables[2]) == len(data["spaces"])
+    for space, (label, *cells) in zip(data["spaces"], tables[2]):
+        assert label == LABELS[space["space"]]
+        by_name = {s["strategy"]: s for s in space["strategies"]}
+        for name, cell in zip(("auto", "tpe", "random"), cells):
+            assert cell == _with_interval(by_name[name]["area"], by_name[name]["area_interval"])
+    # ... and the stored figures are what the stored runs' traces give (one space: the rest is the same code).
+    space = data["spaces"][0]
+    auto = next(s for s in space["strategies"] if s["strategy"] == "auto")
+    found = anytime.intervals([_trace(r) for r in auto["runs"]], space["optimum_ms"], space["budget"])
+    assert list(found.area) == auto["area_interval"]
+    assert {str(c): list(i) for c, i in found.at.items()} == auto["median_best_ratio_interval_at"]
+
+
+TRANSFERS = (("The shipped auto", "transfer-2026-12-06-200seeds-{kind}-{target}.json.gz"),
+             ("Transfer and anytime figures", "transfer-2026-12-06-{kind}-{target}.json"))
+
+
+@pytest.mark.parametrize("title, pattern", TRANSFERS, ids=["headline", "first"])
+def test_a_transfer_table_is_its_stored_runs(title: str, pattern: str):
+    """A cold/warm table (issue 34) is what its four stored transfer runs give."""
+    tables = [t for t in _tables(_section(title)) if t and re.fullmatch(r"convolution \w+ \(from \w+\)", t[0][0])]
+    rows = tables[0]  # the first table of the section whose rows name a transfer: the cold/warm one
+    assert len(rows) == 2
+    for (label, cold_cell, warm_cell, fraction, interval, cold_area, warm_area) in rows:
+        target, source = re.fullmatch(r"convolution (\w+) \(from (\w+)\)", label).groups()
+        runs = {}
+        for kind in ("cold", "warm"):
+            (space,) = _load(pattern.format(kind=kind, target=target))["spaces"]
+            runs[kind] = (space, next(s for s in space["strategies"] if s["strategy"] == "auto"))
+        assert runs["cold"][0]["warm_from"] is None and runs["warm"][0]["warm_from"] == f"convolution_{source}"
+        budget = runs["cold"][0]["budget"]
+        cold, warm = runs["cold"][1], runs["warm"][1]
+        assert cold_cell == _cell(cold["median_evaluations"]["0.01"], cold["hit_rate"]["0.01"], budget)
+        assert warm_cell == _cell(warm["median_evaluations"]["0.01"], warm["hit_rate"]["0.01"], budget)
+        assert fraction == f"{warm['median_evaluations']['0.01'] / cold['median_evaluations']['0.01']:.2f}"
+        low, high = fraction_interval(_to_1pct(warm, budget), _to_1pct(cold, budget))
+        assert interval == f"{low:.2f}-{high:.2f}"
+        for cell, s in ((cold_area, cold), (warm_area, warm)):
+            assert cell == _with_interval(s["area"], s["area_interval"])
+            # ... and the stored area is what the stored runs' traces give.
+            traces = [_trace(run) for run in s["runs"]]
+            optimum = runs["cold"][0]["optimum_ms"]
+            assert anytime.area(anytime.median_curve(traces, optimum, budget)) == s["area"]
+            assert list(anytime.area_interval(traces, optimum, budget)) == s["area_interval"]
+
+
+def test_the_headline_transfer_checkpoints_are_the_stored_runs(headline):
+    _, tables, _ = headline
+    rows = next(t for t in tables if t and re.fullmatch(r"convolution \w+", t[0][0]))
+    assert len(rows) == 8
+    for label, evaluations, cold_cell, warm_cell in rows:
+        target = label.split()[1]
+        for kind, cell in (("cold", cold_cell), ("warm", warm_cell)):
+            (space,) = _load(f"transfer-2026-12-06-200seeds-{kind}-{target}.json.gz")["spaces"]
+            auto = next(s for s in space["strategies"] if s["strategy"] == "auto")
+            assert cell == _with_interval(auto["median_best_ratio_at"][evaluations],
+                                          auto["median_best_ratio_interval_at"][evaluations])
