@@ -72,7 +72,8 @@ def evaluated_points(recorder: Recorder) -> list[dict]:
 
 def expected_best(store: Store, job: str, limit: int = 4) -> list[dict]:
     """The test's own reading of the documented rule: per (env, dtype, shape) ratio to the fastest,
-    geometric mean, failures out, the baseline point out, ties to more shapes then stored first."""
+    geometric mean, failures out, the baseline point out, ties to more shapes then stored first;
+    then spread out."""
     results = [r for r in store.results(block="toy/axpy") if r.job == job]
     best = {}
     for r in results:
@@ -84,7 +85,13 @@ def expected_best(store: Store, job: str, limit: int = 4) -> list[dict]:
         logs.setdefault(r.candidate_id, []).append(math.log(r.median_s / best[(r.env_key, r.dtype, r.shape)]))
     order = list(logs)
     ranked = sorted(logs, key=lambda c: (math.exp(sum(logs[c]) / len(logs[c])), -len(logs[c]), order.index(c)))
-    return [params[c] for c in ranked if params[c] != BASELINE][:limit]
+    points = [params[c] for c in ranked if params[c] != BASELINE]
+    # Spread: the best that differ pairwise in two parameters or more, then the next best fill up.
+    apart: list[dict] = []
+    for p in points:
+        if len(apart) < limit and all(sum(p[k] != q[k] for k in p) >= 2 for q in apart):
+            apart.append(p)
+    return apart + [p for p in points if p not in apart][: limit - len(apart)]
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +175,9 @@ def test_collect_ranks_skips_and_excludes(tmp_path):
     shapes = Catalog.discover(FIXTURES).block("toy/axpy").shapes("check")
     found = collect(store, job_name="here", dtype="float16", template=template, shapes=shapes, sources=["h100"],
                     exclude=[{"BLOCK": 64, "num_warps": 1}], limit=2)
-    assert [dict(p.point) for p in found.points] == H100_BEST[1:3] and found.empty == ()
+    # Spread: 64,2 and 1024,1 are one parameter from 1024,2; 256,1 differs from it in both.
+    assert [dict(p.point) for p in found.points] == [H100_BEST[1], {"BLOCK": 256, "num_warps": 1}]
+    assert found.empty == ()
     assert all(p.groups == 3 for p in found.points)
 
 

@@ -160,8 +160,8 @@ def with_llm(job, mode: str | None, model: str | None, key_env: str | None):
               help="Also write every figure and each run's raw data as JSON to FILE.")
 @click.option("--warm-from", "warm_from", default=None, type=click.Path(dir_okay=False), metavar="SPACE",
               help="A cache file of the same kernel on another GPU: every run first asks its best-ranked points "
-                   "(ranks, not times; as many as a search's --warm-start). Only PATH's spaces of that kernel are "
-                   "benched, never SPACE itself.")
+                   "(ranks, not times; as many as a search's --warm-start, in its spread order). Only PATH's spaces "
+                   "of that kernel are benched, never SPACE itself.")
 def strategy_bench(path: str, strategies: str | None, seeds: int, first_seed: int, stop: bool, budget: int,
                    jobs: int | None, json_path: str | None, warm_from: str | None = None) -> None:
     """Compare search strategies on recorded tuning spaces: PATH is a Kernel Tuner cache file, or a

@@ -19,11 +19,13 @@ geometric-mean speedup over its baseline: the baseline's time is one constant pe
 needs no baseline, so sources whose baselines differ (other devices, shapes or baseline rules) rank
 by the same rule. Ties: the configuration measured in more groups first, then the one stored first.
 
-The top :data:`DEFAULT_LIMIT` distinct points that are valid in the study's space (a stored point
-from an older space that no longer fits is skipped) and not already known (the study's baseline
-points, points this job measured on the study's shapes) are asked right after the baseline points,
-in rank order (:func:`kernelforge.search.study.make_strategy_for` passes them as extra start points,
-so a strategy asks them first and an Optuna strategy enqueues them). They cost evaluations like any
+Of the distinct points that are valid in the study's space (a stored point from an older space
+that no longer fits is skipped) and not already known (the study's baseline points, points this job
+measured on the study's shapes), :data:`DEFAULT_LIMIT` are asked right after the baseline points,
+taken in rank order but spread out: the best ones that differ pairwise in at least two parameters
+first, the next best filling up when there are too few (:func:`kernelforge.strategies.transfer.spread`;
+why: that module's docstring). :func:`kernelforge.search.study.make_strategy_for` passes them as
+extra start points, so a strategy asks them first and an Optuna strategy enqueues them. They cost evaluations like any
 point; their candidates keep the strategy's origin (a candidate's id is shared with the source's,
 and its stored origin is the first writer's), and a ``warm_start`` progress event records which
 points came from which source. Where the source measured in the same conditions (same environment
@@ -41,7 +43,7 @@ from kernelforge.errors import UserError
 from kernelforge.result import StoredResult
 from kernelforge.space import Space
 from kernelforge.strategies.transfer import DEFAULT_LIMIT as WARM_LIMIT
-from kernelforge.strategies.transfer import scores_of
+from kernelforge.strategies.transfer import scores_of, spread
 from kernelforge.template import Template
 
 if TYPE_CHECKING:
@@ -130,8 +132,7 @@ def collect(store: "Store", *, job_name: str, dtype: str, template: Template, sh
             continue
         known.add(_key(space, point))
         points.append(WarmPoint(point, found_in[candidate_id], candidate_id, score, groups))
-        if len(points) == limit:
-            break
+    points = spread(points, limit, key=lambda p: _key(space, p.point))
     return WarmStart(tuple(points), tuple(empty), _scores(space, candidates, ranking, chosen.values()))
 
 

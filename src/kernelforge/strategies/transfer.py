@@ -4,11 +4,19 @@ Times do not carry over between GPUs (another clock, memory, compiler), ranks do
 configurations that were fastest on one GPU of a kernel are often among the fastest on another.
 :func:`warm_points` ranks the source's successful configurations by time, the fastest first (one
 group, so this is :func:`kernelforge.search.warm.rank`'s rule: time over the fastest, and a
-configuration that failed there is left out), and keeps the first :data:`DEFAULT_LIMIT` that are
-points of the target space (the target's parameters, values and feasible set), the same number a
-search's ``--warm-start`` asks first (:mod:`kernelforge.search.warm` reads it from here).
-The strategy bench (``--warm-from SPACE``) asks them before its strategy's own points, as a search
-does: each costs an evaluation. Only the order is used, never a source time.
+configuration that failed there is left out), keeps those that are points of the target space
+(the target's parameters, values and feasible set), and takes :data:`DEFAULT_LIMIT` of them in
+:func:`spread` order, the same number and order a search's ``--warm-start`` asks first
+(:mod:`kernelforge.search.warm` reads both from here). The strategy bench (``--warm-from SPACE``)
+asks them before its strategy's own points, as a search does: each costs an evaluation. Only the
+order is used, never a source time.
+
+Why spread: the few best configurations of a GPU are mostly one region, each one parameter from
+the next (another block width, the same tiling). Where the target's fastest region is another of
+the source's good ones, four points of one region buy one guess; points that differ pairwise in
+at least :data:`APART` parameters buy several, and the one-parameter moves around the best of them
+are what a model-guided search tries next anyway (``auto``'s local member). Measured with the
+strategy bench on the shared convolution pair (reports/strategy-bench/README.md).
 
 :func:`rank_scores` gives a model the whole order: each configuration's rank on the source as a
 score in [0, 1] (the normal score of its rank, so the few best stand apart from the many middling:
@@ -20,13 +28,37 @@ scores 1). ``auto`` reads it as one more input of its Gaussian processes
 from __future__ import annotations
 
 from statistics import NormalDist
-from typing import Any, Hashable, Iterable, Sequence
+from typing import Any, Callable, Hashable, Iterable, Sequence, TypeVar
 
 from kernelforge.errors import UserError
 from kernelforge.strategies.bench.recorded import RecordedSpace
 
 #: How many warm points a study, or a run of the strategy bench, asks first at most.
 DEFAULT_LIMIT = 4
+#: Warm points differ pairwise in at least this many parameters while the ranking offers such
+#: points (:func:`spread`): one more than a local move.
+APART = 2
+
+T = TypeVar("T")
+
+
+def spread(ranked: Iterable[T], limit: int, key: Callable[[T], Sequence[Any]] = lambda item: item,
+           apart: int = APART) -> list[T]:
+    """At most ``limit`` of ``ranked`` (best first): in rank order, each one whose ``key`` (its
+    parameter values, in one order for all) differs from every one taken before in at least
+    ``apart`` values; then, while fewer than ``limit`` are taken (a small space, a source that
+    measured one region only), the best of the others in rank order."""
+    items = list(ranked)
+    keys = [tuple(key(item)) for item in items]
+    taken: list[int] = []
+    for i, k in enumerate(keys):
+        if len(taken) == limit:
+            break
+        if all(sum(a != b for a, b in zip(k, keys[j])) >= apart for j in taken):
+            taken.append(i)
+    chosen = set(taken)
+    taken += [i for i in range(len(items)) if i not in chosen][: max(0, limit - len(taken))]
+    return [items[i] for i in taken]
 
 
 def same_kernel(source: RecordedSpace, target: RecordedSpace) -> bool:
@@ -38,21 +70,19 @@ def same_kernel(source: RecordedSpace, target: RecordedSpace) -> bool:
 
 def warm_points(source: RecordedSpace, target: RecordedSpace, limit: int = DEFAULT_LIMIT) -> list[dict[str, Any]]:
     """The best-ranked configurations of ``source`` that are feasible points of ``target``, at most
-    ``limit``, fastest first (see the module docstring). Raises UserError when ``target`` is not
+    ``limit``, in :func:`spread` order (see the module docstring). Raises UserError when ``target`` is not
     another recording of the same kernel (:func:`same_kernel`)."""
     if not same_kernel(source, target):
         raise UserError(f"--warm-from {source.name}: {target.name} is not another recording of its kernel (the "
                         f"same parameters, another space); warm-start a space from another GPU's recording")
     ranked = sorted((value, i, key) for i, (key, value) in enumerate(source.records.items()) if isinstance(value, float))
     names = source.space.names
-    out: list[dict[str, Any]] = []
+    feasible = []
     for _, _, key in ranked:
         point = dict(zip(names, key))
         if target.key(point) in target.records:  # recorded there: a feasible point of the target
-            out.append({name: point[name] for name in target.space.names})
-            if len(out) == limit:
-                break
-    return out
+            feasible.append({name: point[name] for name in target.space.names})
+    return spread(feasible, limit, key=lambda point: tuple(point.values()))
 
 
 def rank_scores(source: RecordedSpace, target: RecordedSpace) -> dict[tuple[Any, ...], float]:

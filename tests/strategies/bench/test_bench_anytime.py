@@ -113,8 +113,9 @@ def pair(tmp_path):
 
 def test_warm_points_carry_the_source_ranks_feasible_in_the_target(pair):
     source, target, other = pair
-    # Source ranks (failed 4,2 left out): 4,1 < 3,1 < 3,2 < 2,1 ...; 3,2 is not recorded on the target.
-    assert warm_points(source, target, limit=3) == [{"a": 4, "b": 1}, {"a": 3, "b": 1}, {"a": 2, "b": 1}]
+    # Source ranks (failed 4,2 left out): 4,1 < 3,1 < 3,2 < 2,1 < 2,2 ...; 3,2 is not recorded on
+    # the target. Spread: 2,2 is the best that differs from 4,1 in both parameters; 3,1 fills up.
+    assert warm_points(source, target, limit=3) == [{"a": 4, "b": 1}, {"a": 2, "b": 2}, {"a": 3, "b": 1}]
     with pytest.raises(UserError, match="not another recording"):
         warm_points(source, other)
     with pytest.raises(UserError, match="not another recording"):
@@ -126,10 +127,10 @@ def test_a_warm_run_asks_the_ranked_points_first_and_counts_them(pair):
     first = warm_points(source, target)
     run = run_one(target, "grid", seed=0, budget=20, first=first)
     # Cold, grid order gets within 10% of the target's optimum (4,2: 3.0) only at its last point,
-    # the 7th; warm, its first ask is the source's best, 4,1 (4.0 here), then 3,1 2,1 2,2.
+    # the 7th; warm, its first ask is the source's best, 4,1 (4.0 here), then 2,2 (spread), 3,1 2,1.
     cold = run_one(target, "grid", seed=0, budget=20)
     assert cold.trace[0] == 13.0 and cold.reached[0.10] == 7
-    assert first == [{"a": 4, "b": 1}, {"a": 3, "b": 1}, {"a": 2, "b": 1}, {"a": 2, "b": 2}]
+    assert first == [{"a": 4, "b": 1}, {"a": 2, "b": 2}, {"a": 3, "b": 1}, {"a": 2, "b": 1}]
     assert run.trace[:4] == (4.0, 4.0, 4.0, 4.0)
     assert run.evaluations == cold.evaluations == len(target.records)  # the warm points are evaluations
     (warm,) = bench_spaces([target], ["grid"], seeds=1, budget=20, warm=source)
@@ -144,7 +145,7 @@ def test_cli_warm_from_benches_only_the_other_recordings_of_the_kernel(pair, tmp
                                        "--json", str(out)])
     assert result.exit_code == 0, result.output
     assert "== k_B on GPU B" in result.output and "== k_A" not in result.output and "== other" not in result.output
-    assert "4 best-ranked points of k_A first" in result.output
+    assert "asked 4 best-ranked points of k_A (spread over its regions) first" in result.output
     (space,) = json.loads(out.read_text())["spaces"]
     assert (space["warm_from"], space["warm_points"]) == ("k_A", 4)
     lone = CliRunner().invoke(main, ["strategy-bench", str(tmp_path / "other.json"), "--strategy", "grid",

@@ -120,7 +120,8 @@ def format_space(result: SpaceBench) -> str:
     if seeds:
         head += f"; seeds {seeds[0]}-{seeds[-1]}"
     if result.warm_from:
-        head += f"; warm start: every run asked the {result.warm_points} best-ranked points of {result.warm_from} first"
+        head += (f"; warm start: every run asked {result.warm_points} best-ranked points of {result.warm_from} "
+                 f"(spread over its regions) first")
     if result.stopped:
         head += "; each run stopped once within 1% (best/opt after that: the best at the stop)"
     return head + "\n" + format_table(result.rows)

@@ -218,7 +218,7 @@ def bench_spaces(
     ``budget`` evaluations on each space (with ``stop``, each run ends within 1% of the optimum: see
     the module docstring), yielding one :class:`SpaceBench` per space in order as soon as its runs
     are done. With ``warm``, every run on a space first asks the best-ranked points of ``warm``
-    there (:func:`kernelforge.strategies.transfer.warm_points`; UserError for a space that is not
+    there, spread over its regions (:func:`kernelforge.strategies.transfer.warm_points`; UserError for a space that is not
     another recording of its kernel).
 
     ``jobs``: parallel processes (None: ``os.cpu_count()``); each (space, strategy, seed) run is a
