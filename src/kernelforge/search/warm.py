@@ -25,10 +25,10 @@ measured on the study's shapes), :data:`DEFAULT_LIMIT` are asked right after the
 taken in rank order but spread out: the best ones that differ pairwise in at least two parameters
 first, the next best filling up when there are too few (:func:`kernelforge.strategies.transfer.spread`;
 why: that module's docstring). :func:`kernelforge.search.study.make_strategy_for` passes them as
-extra start points, so a strategy asks them first and an Optuna strategy enqueues them. They cost evaluations like any
-point; their candidates keep the strategy's origin (a candidate's id is shared with the source's,
-and its stored origin is the first writer's), and a ``warm_start`` progress event records which
-points came from which source. Where the source measured in the same conditions (same environment
+extra start points, so a strategy asks them first and an Optuna strategy enqueues them. They cost
+evaluations like any point; their candidates keep the strategy's origin (a candidate's id is shared
+with the source's, and its stored origin is the first writer's), and a ``warm_start`` progress
+event records which points came from which source. Where the source measured in the same conditions (same environment
 and shape), the stored results answer for free, as for any point already measured.
 """
 

@@ -65,3 +65,12 @@ def test_summary_and_json_carry_the_checkpoint_fractions():
     assert "past a stop" not in text
     stopped = SpaceBench("toy", None, 100, 100, 1.0, {}, BUDGET, 4, tuple(rows), stopped=True)
     assert "runs stopped within 1%: past a stop, the best at the stop" in format_summary([stopped])
+
+
+def test_a_strategy_with_a_seed_that_never_found_a_point_says_no_checkpoint_compares():
+    never = tuple(run("auto", s, 1.2, 1.0, first=BUDGET + 1 if s == 0 else 1) for s in range(3))
+    rows = (summarise("auto", never, BUDGET, 1.0), summarise("tpe", tuple(run("tpe", s, 1.3, 1.1) for s in range(3)),
+                                                              BUDGET, 1.0))
+    (rel,) = relative(space(*rows))
+    assert rel.at == ()
+    assert "toy: auto no checkpoint where every seed of both found a point" in format_summary([space(*rows)])

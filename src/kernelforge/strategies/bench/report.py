@@ -134,7 +134,8 @@ def _relative_text(rel: Relative) -> str:
 
 
 def _checkpoints_text(rel: Relative) -> str:
-    return f"{rel.strategy} " + " ".join(f"@{f.evaluations} {f.fraction:.3f} ({f.low:.3f}-{f.high:.3f})" for f in rel.at)
+    marks = " ".join(f"@{f.evaluations} {f.fraction:.3f} ({f.low:.3f}-{f.high:.3f})" for f in rel.at)
+    return f"{rel.strategy} {marks or 'no checkpoint where every seed of both found a point'}"
 
 
 def format_summary(results: Sequence[SpaceBench]) -> str:
@@ -222,7 +223,8 @@ def _row_json(row: BenchRow, against: Relative | None) -> dict[str, Any]:
         "median_best_ratio_at": {str(c): _finite(v) for c, v in row.median_best_ratio_at.items()},
         "area": row.area,
         "area_interval": list(row.area_interval),
-        "median_best_ratio_interval_at": {str(c): [_finite(v) for v in i] for c, i in row.median_best_ratio_interval_at.items()},
+        "median_best_ratio_interval_at": {str(c): [_finite(v) for v in interval]
+                                          for c, interval in row.median_best_ratio_interval_at.items()},
         "ask_ms_median": row.ask_ms_median,
         "ask_ms_p95": row.ask_ms_p95,
         "median_free_tells": row.median_free_tells,
