@@ -60,6 +60,12 @@ class ShippedPath:
         the GPU image, and why not when it cannot."""
         return f"{self.library}: " + ("runs on the GPU image" if self.on_image else f"not on the GPU image: {self.why_not}")
 
+    @property
+    def summary(self) -> str:
+        """Who runs what, from where, and the library line's state: the one sentence both report
+        renderers print after the entry's presets."""
+        return f"{self.engine} runs {self.path} ({self.source}). Library: {self.library_status}."
+
     def covers(self, shape: Shape) -> bool:
         """Whether this entry is the one for ``shape`` (its name prefix and token range)."""
         if self.presets != "*" and not shape.name.startswith(self.presets):

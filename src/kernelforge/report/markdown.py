@@ -160,8 +160,7 @@ def _library_markdown(block: BlockReport) -> list[str]:
     serving runs for these shapes and whether its library line could run on the GPU image (named,
     with the reason, where it could not), measured or not."""
     lines = ["", f"What serving runs for these shapes (`kernelforge shipped {block.block}`):", ""] if block.shipped else []
-    lines.extend(f"- `{p.presets}`: {p.engine} runs {p.path} ({p.source}). Library: {p.library_status}."
-                 for p in block.shipped)
+    lines.extend(f"- `{p.presets}`: {p.summary}" for p in block.shipped)
     if not block.library:
         return lines
     rows = {r.shape: r for r in block.shapes}
