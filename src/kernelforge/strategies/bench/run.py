@@ -93,7 +93,8 @@ class BenchRow:
     ``hit_rate[t]`` is the fraction of seeds that reached it within the budget. Ratios are best /
     optimum (``inf`` for a seed with no success), ``median_best_ratio_at`` the median curve at the
     checkpoints (``median_best_ratio_interval_at``: their 95% intervals) and ``area`` its normalised
-    area with the 95% interval ``area_interval`` (:mod:`kernelforge.strategies.bench.anytime`); ``ask_ms_*`` pool every ask of every seed.
+    area with the 95% interval ``area_interval`` (:mod:`kernelforge.strategies.bench.anytime`);
+    ``ask_ms_*`` pool every ask of every seed.
     """
 
     strategy: str
