@@ -75,14 +75,19 @@ def warm_points(source: RecordedSpace, target: RecordedSpace, limit: int = DEFAU
     if not same_kernel(source, target):
         raise UserError(f"--warm-from {source.name}: {target.name} is not another recording of its kernel (the "
                         f"same parameters, another space); warm-start a space from another GPU's recording")
-    ranked = sorted((value, i, key) for i, (key, value) in enumerate(source.records.items()) if isinstance(value, float))
     names = source.space.names
     feasible = []
-    for _, _, key in ranked:
+    for key in _ranked(source):
         point = dict(zip(names, key))
         if target.key(point) in target.records:  # recorded there: a feasible point of the target
             feasible.append({name: point[name] for name in target.space.names})
     return spread(feasible, limit, key=lambda point: tuple(point.values()))
+
+
+def _ranked(source: RecordedSpace) -> list[tuple[Any, ...]]:
+    """The keys of ``source``'s successful configurations, fastest first (ties: recorded first)."""
+    return [key for _, _, key in sorted((value, i, key) for i, (key, value) in enumerate(source.records.items())
+                                        if isinstance(value, float))]
 
 
 def rank_scores(source: RecordedSpace, target: RecordedSpace) -> dict[tuple[Any, ...], float]:
@@ -90,9 +95,8 @@ def rank_scores(source: RecordedSpace, target: RecordedSpace) -> dict[tuple[Any,
     rank score (see the module docstring). Raises UserError as :func:`warm_points` does."""
     if not same_kernel(source, target):
         raise UserError(f"--warm-from {source.name}: {target.name} is not another recording of its kernel")
-    ranked = sorted((value, i, key) for i, (key, value) in enumerate(source.records.items()) if isinstance(value, float))
     order = [source.space.names.index(name) for name in target.space.names]
-    return scores_of([tuple(key[i] for i in order) for _, _, key in ranked],
+    return scores_of([tuple(key[i] for i in order) for key in _ranked(source)],
                      [tuple(key[i] for i in order) for key, value in source.records.items() if not isinstance(value, float)])
 
 
