@@ -162,8 +162,13 @@ def with_llm(job, mode: str | None, model: str | None, key_env: str | None):
               help="A cache file of the same kernel on another GPU: every run first asks its best-ranked points "
                    "(ranks, not times; as many as a search's --warm-start, in its spread order). Only PATH's spaces "
                    "of that kernel are benched, never SPACE itself.")
+@click.option("--fix", "fixes", multiple=True, metavar="NAME=V1,V2",
+              help="Bench slices instead of whole spaces: the part of each space where parameter NAME holds one "
+                   "value, a slice per value (repeat for several parameters: a slice per combination). Spaces "
+                   "without NAME are left out.")
 def strategy_bench(path: str, strategies: str | None, seeds: int, first_seed: int, stop: bool, budget: int,
-                   jobs: int | None, json_path: str | None, warm_from: str | None = None) -> None:
+                   jobs: int | None, json_path: str | None, warm_from: str | None = None,
+                   fixes: tuple[str, ...] = ()) -> None:
     """Compare search strategies on recorded tuning spaces: PATH is a Kernel Tuner cache file, or a
     folder whose every *.json / *.json.gz is one. Per space and strategy, over SEEDS seeds: evaluations
     to get within 1%, 5% and 10% of the optimum, best/optimum after 10-200 evaluations and the area
@@ -173,6 +178,7 @@ def strategy_bench(path: str, strategies: str | None, seeds: int, first_seed: in
     from kernelforge.strategies.bench.run import bench_spaces, default_strategies
     from kernelforge.strategies.bench.report import format_space, format_summary, write_json
     from kernelforge.strategies.bench.recorded import cache_files, load_kernel_tuner_cache
+    from kernelforge.strategies.bench.slices import parse_fix, sliced
 
     if json_path is not None and not Path(json_path).resolve().parent.is_dir():
         raise UserError(f"--json {json_path}: its folder does not exist; create it or choose another path")
@@ -186,6 +192,7 @@ def strategy_bench(path: str, strategies: str | None, seeds: int, first_seed: in
         if not spaces:
             raise UserError(f"--warm-from {warm_from}: PATH holds no other recording of its kernel (a cache with the "
                             f"same parameters: {', '.join(warm.space.names)})")
+    spaces = sliced(spaces, [parse_fix(text) for text in fixes])  # after the warm filter: never a slice of SPACE
     names = default_strategies() if strategies is None else [n.strip() for n in strategies.split(",")]
     results = []
     for result in bench_spaces(spaces, names, seeds=seeds, budget=budget, jobs=jobs, first_seed=first_seed, stop=stop,

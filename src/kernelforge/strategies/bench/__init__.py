@@ -1,6 +1,7 @@
 """The strategy bench: strategies compared on recorded GPU spaces (``kernelforge strategy-bench``).
 
 - :mod:`.recorded`: Kernel Tuner cache files as recorded spaces, replayed instead of a device.
+- :mod:`.slices`: the parts of a recorded space where some parameters hold one value, benched as spaces.
 - :mod:`.run`: the runs: evaluations needed to get within x% of the optimum, per strategy and seed.
 - :mod:`.anytime`: how good the best found is after any number of evaluations.
 - :mod:`.stats`: percentiles and bootstrap intervals.
@@ -8,4 +9,4 @@
 - :mod:`.report`: the bench's tables, the summary against TPE and the JSON file.
 """
 
-__all__ = ["recorded", "run", "anytime", "stats", "compare", "report"]
+__all__ = ["recorded", "slices", "run", "anytime", "stats", "compare", "report"]

@@ -1,0 +1,87 @@
+"""Slices of recorded spaces: the part of a space where some parameters are held at one value.
+
+A slice is a space of its own: its optimum is the fastest configuration that takes the held
+values, usually elsewhere than the whole space's, and the landscape around it is another one. A
+kernel engineer who holds a switch (shared memory on, a fixed vector width) searches exactly such a
+slice. The strategy bench (``--fix NAME=V1,V2``) benches slices as it benches whole spaces, which
+gives more spaces than there are recordings to judge a strategy on: spaces that it was not tuned
+on, though they are parts of spaces it may have been.
+
+A slice keeps every parameter of its space (the held one with its one value), so a slice is still
+a recording of its kernel (:func:`kernelforge.strategies.transfer.same_kernel`) and a warm start
+from another GPU's whole space applies to it. Its name is the space's with the held values, as in
+``convolution_A4000[use_shmem=1]``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
+
+from kernelforge.errors import UserError
+from kernelforge.strategies.bench.recorded import RecordedSpace
+
+__all__ = ["Fix", "parse_fix", "slice_space", "sliced"]
+
+
+@dataclass(frozen=True)
+class Fix:
+    """One ``--fix NAME=V1,V2``: the parameter ``name`` held, in turn, at each of ``values``
+    (as written: ``"1"``, ``"0.5"``; matched against a space's values as Kernel Tuner writes
+    them in its cache keys)."""
+
+    name: str
+    values: tuple[str, ...]
+
+
+def parse_fix(text: str) -> Fix:
+    """``NAME=V1[,V2...]`` as a :class:`Fix`; a UserError naming ``--fix`` and the form otherwise."""
+    name, sep, values = text.partition("=")
+    parts = tuple(value.strip() for value in values.split(","))
+    if not sep or not name.strip() or not all(parts):
+        raise UserError(f"--fix {text!r}: expected NAME=VALUE or NAME=V1,V2,... (a parameter of the space and "
+                        f"values it takes), e.g. --fix use_shmem=1")
+    return Fix(name.strip(), parts)
+
+
+def slice_space(space: RecordedSpace, held: Sequence[tuple[str, str]]) -> RecordedSpace:
+    """The slice of ``space`` where each ``(name, value)`` of ``held`` holds. Raises UserError
+    naming the space, the parameter and its values when a value is not one of them, or when no
+    configuration of the slice has a recorded time."""
+    space_values = dict(space.space.params)
+    index = {name: i for i, name in enumerate(space.space.names)}
+    typed: dict[str, Any] = {}
+    for name, text in held:
+        match = [value for value in space_values[name] if str(value) == text]
+        if not match:
+            raise UserError(f"--fix {name}={text}: {space.name} has no such value of {name} (its values: "
+                            f"{', '.join(str(value) for value in space_values[name])})")
+        typed[name] = match[0]
+    records = {key: value for key, value in space.records.items()
+               if all(key[index[name]] == value for name, value in typed.items())}
+    label = ",".join(f"{name}={text}" for name, text in held)
+    if not any(isinstance(value, float) for value in records.values()):
+        raise UserError(f"--fix {label}: no configuration of {space.name} with these values has a recorded time; "
+                        f"hold other values")
+    params = tuple((name, (typed[name],) if name in typed else values) for name, values in space.space.params)
+    return replace(space, name=f"{space.name}[{label}]", records=records,
+                   space=replace(space.space, params=params, feasible=frozenset(records)))
+
+
+def sliced(spaces: Sequence[RecordedSpace], fixes: Sequence[Fix]) -> list[RecordedSpace]:
+    """Every slice of ``spaces`` that ``fixes`` name: per space, one for each combination of one
+    value per :class:`Fix` (``--fix a=1,2 --fix b=0`` gives ``[a=1,b=0]`` and ``[a=2,b=0]``).
+    A space that lacks one of the parameters is left out (a folder may hold other kernels); a
+    UserError when no space has them all, or as :func:`slice_space` raises."""
+    if not fixes:
+        return list(spaces)
+    names = [fix.name for fix in fixes]
+    if len(set(names)) != len(names):
+        raise UserError(f"--fix: {', '.join(names)} names a parameter twice; give its values once, as NAME=V1,V2")
+    having = [space for space in spaces if set(names) <= set(space.space.names)]
+    if not having:
+        raise UserError(f"--fix: no space has the parameter(s) {', '.join(names)} (their parameters: "
+                        f"{'; '.join(', '.join(space.space.names) for space in spaces)})")
+    combinations = list(itertools.product(*[[(fix.name, value) for value in fix.values] for fix in fixes]))
+    return [slice_space(space, held) for space in having for held in combinations]
