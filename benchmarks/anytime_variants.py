@@ -3,14 +3,17 @@ each run over seeds on recorded spaces, the median best/optimum after 10, 25, 50
 evaluations per space, the area under that curve and the evaluations to 1%.
 
     PYTHONPATH=src python benchmarks/anytime_variants.py SPACE.json.gz [...] --seeds 20 --budget 100 \
-        [--strategy auto] [--set start=8 --set ...] [--json FILE]
+        [--strategy auto] [--set start=8 --set ...] [--fix NAME=V1,V2] [--stop] [--jobs 2] [--json FILE]
 
 Replays the recorded spaces (no device), with the strategy bench's own loop
 (:func:`kernelforge.strategies.bench.run.run_one`, no stop): a variant is ``auto`` with some of its
 class attributes (``AutoStrategy.start``, ...) set for the run, so a variant is measured exactly
 as the bench measures the shipped strategy. ``--json`` appends one record per space (variant,
 seeds, per-seed best/optimum at each checkpoint and after every evaluation, evaluations to 1%,
-the area and its 95% interval) to FILE, one JSON object per line.
+the area and its 95% interval) to FILE, one JSON object per line. ``--fix`` runs the slices the
+strategy bench's ``--fix`` names instead of the whole spaces; ``--stop`` ends each run within 1%
+(as the bench's; a checkpoint past the stop reads the best at the stop); ``--jobs`` runs the seeds
+in parallel processes, each with the variant's settings.
 """
 
 from __future__ import annotations
@@ -24,10 +27,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from kernelforge.strategies import anytime  # noqa: E402
+from concurrent.futures import ProcessPoolExecutor  # noqa: E402
+
 from kernelforge.strategies.auto.strategy import AutoStrategy  # noqa: E402
-from kernelforge.strategies.bench.run import run_one  # noqa: E402
+from kernelforge.strategies.bench import anytime  # noqa: E402
 from kernelforge.strategies.bench.recorded import load_kernel_tuner_cache  # noqa: E402
+from kernelforge.strategies.bench.run import run_one  # noqa: E402
+from kernelforge.strategies.bench.slices import parse_fix, sliced  # noqa: E402
 
 CHECKS = (10, 25, 50, 100)
 
@@ -41,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=100)
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="an AutoStrategy class attribute for this run (a Python literal)")
+    parser.add_argument("--fix", action="append", default=[], metavar="NAME=V1,V2")
+    parser.add_argument("--stop", action="store_true")
+    parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     settings = {}
@@ -49,32 +58,48 @@ def main(argv: list[str] | None = None) -> int:
         if not hasattr(AutoStrategy, name):
             parser.error(f"--set {item}: AutoStrategy has no attribute {name!r}")
         settings[name] = json.loads(value)
-        setattr(AutoStrategy, name, settings[name])
     label = args.strategy + "".join(f" {k}={v}" for k, v in settings.items())
-    for path in args.spaces:
-        space = load_kernel_tuner_cache(path)
-        _, optimum = space.optimum()
-        seeds = range(args.first_seed, args.first_seed + args.seeds)
-        runs = [run_one(space, args.strategy, seed, args.budget) for seed in seeds]
-        matrix = anytime.curve_matrix([r.trace for r in runs], optimum, args.budget)
-        checks = [c for c in CHECKS if c <= args.budget]
-        medians = {c: float(statistics.median(matrix[:, c - 1])) for c in checks}
-        area = anytime.area(anytime.median_curve([r.trace for r in runs], optimum, args.budget))
-        asks = sorted(ms for r in runs for ms in r.ask_ms)
-        to1 = [r.reached[0.01] for r in runs]
-        median_to1 = statistics.median(n if n is not None else args.budget + 1 for n in to1)
-        print(f"{path.name:32s} {label:40s} " + " ".join(f"@{c} {medians[c]:.3f}" for c in checks)
-              + f" area {area:.3f} to1% {median_to1} ({sum(n is not None for n in to1)}/{len(to1)})"
-              + f" ask p95 {asks[int(0.95 * (len(asks) - 1))]:.1f} ms", flush=True)
-        if args.json is not None:
-            record = {"space": path.name, "variant": label, "seeds": list(seeds), "budget": args.budget,
-                      "at": {c: matrix[:, c - 1].tolist() for c in checks}, "area": area,
-                      "to_1pct": to1, "area_interval": anytime.area_interval([r.trace for r in runs], optimum,
-                                                                             args.budget),
-                      "ratios": matrix.round(4).tolist()}
-            with args.json.open("a") as out:
-                out.write(json.dumps(record) + "\n")
+    spaces = sliced([load_kernel_tuner_cache(path) for path in args.spaces], [parse_fix(t) for t in args.fix])
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    with ProcessPoolExecutor(args.jobs, initializer=_apply, initargs=(settings,)) as pool:
+        for space in spaces:
+            runs = list(pool.map(_run, [(space, args.strategy, seed, args.budget, args.stop) for seed in seeds]))
+            _report(space, runs, label, seeds, args)
     return 0
+
+
+def _apply(settings: dict) -> None:
+    for name, value in settings.items():
+        setattr(AutoStrategy, name, value)
+
+
+def _run(task: tuple):
+    space, strategy, seed, budget, stop = task
+    return run_one(space, strategy, seed, budget, stop=stop)
+
+
+def _report(space, runs, label: str, seeds: range, args: argparse.Namespace) -> None:
+    """One line per space (the medians at the checkpoints, the area, evaluations to 1%, ask p95), and
+    its record in ``--json``."""
+    _, optimum = space.optimum()
+    matrix = anytime.curve_matrix([r.trace for r in runs], optimum, args.budget)
+    checks = [c for c in CHECKS if c <= args.budget]
+    medians = {c: float(statistics.median(matrix[:, c - 1])) for c in checks}
+    area = anytime.area(anytime.median_curve([r.trace for r in runs], optimum, args.budget))
+    asks = sorted(ms for r in runs for ms in r.ask_ms)
+    to1 = [r.reached[0.01] for r in runs]
+    median_to1 = statistics.median(n if n is not None else args.budget + 1 for n in to1)
+    print(f"{space.name:32s} {label:40s} " + " ".join(f"@{c} {medians[c]:.3f}" for c in checks)
+          + f" area {area:.3f} to1% {median_to1} ({sum(n is not None for n in to1)}/{len(to1)})"
+          + f" ask p95 {asks[int(0.95 * (len(asks) - 1))]:.1f} ms", flush=True)
+    if args.json is not None:
+        record = {"space": space.name, "variant": label, "seeds": list(seeds), "budget": args.budget,
+                  "at": {c: matrix[:, c - 1].tolist() for c in checks}, "area": area,
+                  "to_1pct": to1, "area_interval": anytime.area_interval([r.trace for r in runs], optimum,
+                                                                         args.budget),
+                  "ratios": matrix.round(4).tolist()}
+        with args.json.open("a") as out:
+            out.write(json.dumps(record) + "\n")
 
 
 if __name__ == "__main__":
