@@ -250,6 +250,41 @@ def test_member_odds_follow_the_rate_of_gain_not_the_number_of_tries():
     assert odds["parzen"] == min(odds.values())  # the floor keeps a member that never gained alive
 
 
+def local_asks(spread: bool, count: int) -> list[bool]:
+    """For each of ``count`` asks of the ``local`` member on :func:`mixed_space`, where the best
+    start point stays the best (every move is slower): whether it moved the best point along a
+    parameter with the fewest points seen so far along it (told or asked, start points included),
+    of those with a move left."""
+    space = mixed_space()
+    strategy = AutoStrategy(space, seed=1)
+    strategy.spread_moves = spread
+    strategy._choose_member = lambda: "local"  # noqa: SLF001 - the member under test, every ask
+    seen = start_points(strategy, lambda p: 1.0 + p["bx"] / 256 + p["tile"] + p["flag"])
+    best = min(seen, key=lambda p: p["bx"] / 256 + p["tile"] + p["flag"])
+
+    def along(point: dict) -> str | None:
+        changed = [name for name in point if point[name] != best[name]]
+        return changed[0] if len(changed) == 1 else None
+
+    fewest = []
+    for _ in range(count):
+        tried = {name: sum(along(p) == name for p in seen) for name in space.names}
+        left = [name for name in space.names if tried[name] < len(space.values(name)) - 1]
+        point = strategy.ask()
+        assert along(point) is not None, (best, point)  # a move of the best point, as the local member asks
+        fewest.append(tried[along(point)] == min(tried[name] for name in left))
+        seen.append(point)
+        strategy.tell(point, 10.0)
+    return fewest
+
+
+def test_the_local_member_moves_each_parameter_once_before_any_twice():
+    assert all(local_asks(spread=True, count=12))
+    # Without the spread, the moves go where the expected improvement is highest, along one
+    # parameter again before another is tried.
+    assert not all(local_asks(spread=False, count=12))
+
+
 def mixed_space() -> Space:
     """Block widths 16..256 in steps of 16 (5 of 16 powers of two), tile sizes 1..4, a flag."""
     return Space.build({"bx": list(range(16, 257, 16)), "tile": [1, 2, 3, 4], "flag": [0, 1]}, [], where="test")

@@ -24,9 +24,11 @@ members expects the most:
      best points) by expected improvement times the estimated chance to run;
    - ``parzen``: the same pool scored by a per-parameter ratio of the best to the rest
      (:mod:`kernelforge.strategies.auto.parzen`), robust where the GP smooths a needle away;
-   - ``local``: the unseen one-parameter moves of the best point (then of the next best), the most
-     promising by the GP's expected improvement first: the move next to the optimum is never left
-     untried because a model wrote it off;
+   - ``local``: the unseen one-parameter moves of the best point (then of the next best), each
+     parameter once before any twice (the moves along the parameters with the fewest points seen
+     along them from that point), the most promising of those by the GP's expected improvement:
+     the move next to the optimum is never left untried because a model wrote it off, nor
+     queued behind every other value of a wide parameter (:attr:`AutoStrategy.spread_moves`);
 
 3. failures (told ``None``) and points found infeasible before the device ran them
    (:meth:`~kernelforge.strategies.base.Strategy.infeasible`) train a second GP on "it failed";
@@ -99,6 +101,9 @@ class AutoStrategy(Strategy):
     #: (one refit's worth; ``surrogate.HyperFit``). A longer fit goes on at the next asks, the
     #: models using their last finished fit meanwhile: an ask is bounded by work, not load.
     ask_work = 15.0
+    #: The local member tries each parameter of the best point once before any twice (see the
+    #: module docstring, 2).
+    spread_moves = True
 
     def __init__(self, space: Space, *, seed: int = 0, baseline: Mapping | None = None,
                  transfer: Mapping[Key, float] | None = None):
@@ -274,6 +279,8 @@ class AutoStrategy(Strategy):
             # never left untried because a model wrote it off, only tried later.
             for parent in best_keys:
                 moves = self._moves(parent)
+                if moves and self.spread_moves:
+                    moves = self._untried_directions(parent, moves)
                 if moves:
                     self._condition(ok, y, believed)
                     mu, sd = self._gp.predict(self._feature(moves))
@@ -298,6 +305,22 @@ class AutoStrategy(Strategy):
             if likely.any():
                 score = np.where(likely, score, -1.0)
         return pool[int(np.argmax(score))], member
+
+    def _untried_directions(self, parent: Key, moves: list[Key]) -> list[Key]:
+        """Those of ``moves`` (unseen one-parameter moves of ``parent``) along the parameters
+        least tried from ``parent`` so far: the fewest seen points (told or pending) that differ
+        from it in that parameter alone."""
+        def direction(key: Key) -> int | None:
+            changed = [i for i, (a, b) in enumerate(zip(key, parent)) if a != b]
+            return changed[0] if len(changed) == 1 else None
+
+        tried = [0] * len(parent)
+        for key in (*self.known, *self.pending):
+            i = direction(key)
+            if i is not None:
+                tried[i] += 1
+        fewest = min(tried[direction(key)] for key in moves)
+        return [key for key in moves if tried[direction(key)] == fewest]
 
     def _pool(self, best_keys: list[Key], told: int) -> list[Key]:
         """The unseen feasible points the models score: all of them while that costs at most
