@@ -15,7 +15,11 @@ from kernelforge.strategies.bench.run import fraction_interval
 
 REPORT = Path(__file__).resolve().parents[3] / "reports" / "strategy-bench"
 README = REPORT / "README.md"
-HEADLINE = "The shipped auto, one table per metric"
+#: The sections with one table per metric (the shipped auto's first): title, bench file, transfer files.
+HEADLINES = (("The shipped auto, one table per metric", "bench-2026-12-07.json.gz",
+              "transfer-2026-12-07-200seeds-{kind}-{target}.json.gz"),
+             ("The seventh session's auto, one table per metric", "bench-2026-12-06.json.gz",
+              "transfer-2026-12-06-200seeds-{kind}-{target}.json.gz"))
 #: The spaces in the order the bench ran them, by the name the README's tables give them.
 LABELS = {"convolution_A4000": "convolution (RTX A4000)", "convolution_W7800": "convolution (Radeon PRO W7800)",
           "dedispersion_W6600": "dedispersion (Radeon PRO W6600)", "gemm_RTX_Titan": "gemm, CLBlast Xgemm (TITAN RTX)",
@@ -92,14 +96,15 @@ def test_the_first_bench_table_is_its_stored_run():
     assert f"--seeds {data['spaces'][0]['seeds']} --budget {data['spaces'][0]['budget']}" in section
 
 
-@pytest.fixture(scope="module")
-def headline() -> tuple[dict, list[list[list[str]]], str]:
-    section = _section(HEADLINE)
-    return _load("bench-2026-12-06.json.gz"), _tables(section), section
+@pytest.fixture(scope="module", params=HEADLINES, ids=["shipped", "seventh"])
+def headline(request) -> tuple[dict, list[list[list[str]]], str, str]:
+    title, bench, transfers = request.param
+    section = _section(title)
+    return _load(bench), _tables(section), section, transfers
 
 
 def test_the_headline_evaluations_table_is_the_stored_run(headline):
-    data, tables, section = headline
+    data, tables, section, _ = headline
     _check_evaluations_table(tables[0], data)
     assert [s["space"] for s in data["spaces"]] == list(LABELS)
     assert [row[0] for row in tables[0]] == list(LABELS.values())
@@ -108,7 +113,7 @@ def test_the_headline_evaluations_table_is_the_stored_run(headline):
 
 
 def test_the_headline_checkpoint_table_is_the_stored_run(headline):
-    data, tables, _ = headline
+    data, tables, _, _ = headline
     rows = iter(tables[1])
     for space in data["spaces"]:
         by_name = {s["strategy"]: s for s in space["strategies"]}
@@ -124,7 +129,7 @@ def test_the_headline_checkpoint_table_is_the_stored_run(headline):
 
 
 def test_the_headline_area_table_is_the_stored_run_and_the_runs_give_it(headline):
-    data, tables, _ = headline
+    data, tables, _, _ = headline
     assert len(tables[2]) == len(data["spaces"])
     for space, (label, *cells) in zip(data["spaces"], tables[2]):
         assert label == LABELS[space["space"]]
@@ -139,11 +144,11 @@ def test_the_headline_area_table_is_the_stored_run_and_the_runs_give_it(headline
     assert {str(c): list(i) for c, i in found.at.items()} == auto["median_best_ratio_interval_at"]
 
 
-TRANSFERS = (("The shipped auto", "transfer-2026-12-06-200seeds-{kind}-{target}.json.gz"),
+TRANSFERS = (*((title, transfers) for title, _, transfers in HEADLINES),
              ("Transfer and anytime figures", "transfer-2026-12-06-{kind}-{target}.json"))
 
 
-@pytest.mark.parametrize("title, pattern", TRANSFERS, ids=["headline", "first"])
+@pytest.mark.parametrize("title, pattern", TRANSFERS, ids=["shipped", "seventh", "first"])
 def test_a_transfer_table_is_its_stored_runs(title: str, pattern: str):
     """A cold/warm table (issue 34) is what its four stored transfer runs give."""
     tables = [t for t in _tables(_section(title)) if t and re.fullmatch(r"convolution \w+ \(from \w+\)", t[0][0])]
@@ -173,13 +178,47 @@ def test_a_transfer_table_is_its_stored_runs(title: str, pattern: str):
 
 
 def test_the_headline_transfer_checkpoints_are_the_stored_runs(headline):
-    _, tables, _ = headline
+    _, tables, _, transfers = headline
     rows = next(t for t in tables if t and re.fullmatch(r"convolution \w+", t[0][0]))
     assert len(rows) == 8
     for label, evaluations, cold_cell, warm_cell in rows:
         target = label.split()[1]
         for kind, cell in (("cold", cold_cell), ("warm", warm_cell)):
-            (space,) = _load(f"transfer-2026-12-06-200seeds-{kind}-{target}.json.gz")["spaces"]
+            (space,) = _load(transfers.format(kind=kind, target=target))["spaces"]
             auto = next(s for s in space["strategies"] if s["strategy"] == "auto")
             assert cell == _with_interval(auto["median_best_ratio_at"][evaluations],
                                           auto["median_best_ratio_interval_at"][evaluations])
+
+
+SLICES = "Slices of the shared spaces"
+#: The parameters held, in the order of the slices table, and the folders of the two stored runs.
+SLICED = ("read_only", "use_padding", "use_shmem", "tile_stride_x", "tile_stride_y", "SA", "SB", "between_method",
+          "use_method")
+
+
+def _slice_runs(folder: str) -> dict[str, dict]:
+    return {space["space"]: space for name in SLICED for space in _load(f"{folder}/{name}.json.gz")["spaces"]}
+
+
+def test_the_slices_table_is_its_stored_runs():
+    rows = _tables(_section(SLICES))[0]
+    now, before = _slice_runs("slices-2026-12-07"), _slice_runs("slices-2026-12-06-before")
+    assert [row[0] for row in rows] == list(now) and len(rows) == 27
+    for name, feasible, *cells, fraction, interval, at, before_cell in rows:
+        space = now[name]
+        assert space["seeds"] == 20 and space["budget"] == 300 and space["stopped_at_1pct"]
+        assert feasible == str(space["feasible"])
+        by_name = {s["strategy"]: s for s in space["strategies"]}
+        for strategy, cell in zip(("auto", "tpe", "random"), cells):
+            s = by_name[strategy]
+            assert cell == _cell(s["median_evaluations"]["0.01"], s["hit_rate"]["0.01"], 300), (name, strategy)
+        vs = by_name["auto"]["vs_tpe"]
+        assert fraction == f"{vs['bound']}{vs['fraction']:.2f}", name
+        if vs["bound"]:
+            assert interval == "-"
+        else:
+            low, high = fraction_interval(_to_1pct(by_name["auto"], 300), _to_1pct(by_name["tpe"], 300))
+            assert interval == f"{low:.2f}-{high:.2f}", name
+        assert at == ", ".join(f"{vs['at'][c]['fraction']:.3f}" for c in ("25", "50", "100")), name
+        old = next(s for s in before[name]["strategies"] if s["strategy"] == "auto")
+        assert before_cell == _cell(old["median_evaluations"]["0.01"], old["hit_rate"]["0.01"], 300), name
