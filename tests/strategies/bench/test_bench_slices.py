@@ -57,6 +57,8 @@ def test_values_match_as_kernel_tuner_writes_them(space):
     assert slice_space(space, [("scale", "0.5")]).space.values("scale") == (0.5,)
     with pytest.raises(UserError, match=r"--fix scale=1: conv has no such value of scale \(its values: 0.5, 1.0\)"):
         slice_space(space, [("scale", "1")])
+    with pytest.raises(UserError, match=r"--fix tile=1: conv has no parameter tile \(its parameters: block, shmem, scale\)"):
+        slice_space(space, [("tile", "1")])
 
 
 def test_a_slice_with_no_recorded_time_is_refused(tmp_path):

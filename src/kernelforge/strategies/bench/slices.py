@@ -47,12 +47,15 @@ def parse_fix(text: str) -> Fix:
 
 def slice_space(space: RecordedSpace, held: Sequence[tuple[str, str]]) -> RecordedSpace:
     """The slice of ``space`` where each ``(name, value)`` of ``held`` holds. Raises UserError
-    naming the space, the parameter and its values when a value is not one of them, or when no
-    configuration of the slice has a recorded time."""
+    naming the space and the parameter when the space lacks it or a value is not one of its values
+    (listing them), or when no configuration of the slice has a recorded time."""
     space_values = dict(space.space.params)
     index = {name: i for i, name in enumerate(space.space.names)}
     typed: dict[str, Any] = {}
     for name, text in held:
+        if name not in space_values:
+            raise UserError(f"--fix {name}={text}: {space.name} has no parameter {name} (its parameters: "
+                            f"{', '.join(space.space.names)})")
         match = [value for value in space_values[name] if str(value) == text]
         if not match:
             raise UserError(f"--fix {name}={text}: {space.name} has no such value of {name} (its values: "
