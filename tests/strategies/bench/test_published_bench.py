@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import statistics
 from pathlib import Path
 
 import pytest
@@ -222,3 +223,44 @@ def test_the_slices_table_is_its_stored_runs():
         assert at == ", ".join(f"{vs['at'][c]['fraction']:.3f}" for c in ("25", "50", "100")), name
         old = next(s for s in before[name]["strategies"] if s["strategy"] == "auto")
         assert before_cell == _cell(old["median_evaluations"]["0.01"], old["hit_rate"]["0.01"], 300), name
+
+
+TRANSFER_SLICES = "Transfer on slices"
+
+
+def test_the_transfer_slices_tables_are_their_stored_runs():
+    folder = "transfer-slices-2026-12-07"
+    runs = {}
+    for kind in ("cold", "warm"):
+        for target in ("A4000", "W7800"):
+            for name in ("read_only", "use_padding", "use_shmem"):
+                for space in _load(f"{folder}/{kind}-{target}-{name}.json.gz")["spaces"]:
+                    assert space["seeds"] == 100 and space["budget"] == 200 and space["stopped_at_1pct"]
+                    assert (space["warm_from"] is None) == (kind == "cold")
+                    runs[kind, space["space"]] = next(s for s in space["strategies"] if s["strategy"] == "auto")
+    tables = _tables(_section(TRANSFER_SLICES))
+    rows = tables[0]
+    assert len(rows) == 12
+    for label, cold_cell, warm_cell, fraction, interval, cold_area, warm_area in rows:
+        name, source = re.fullmatch(r"(\S+) \(from (\w+)\)", label).groups()
+        assert source not in name
+        cold, warm = runs["cold", name], runs["warm", name]
+        assert cold_cell == _cell(cold["median_evaluations"]["0.01"], cold["hit_rate"]["0.01"], 200)
+        assert warm_cell == _cell(warm["median_evaluations"]["0.01"], warm["hit_rate"]["0.01"], 200)
+        assert fraction == f"{warm['median_evaluations']['0.01'] / cold['median_evaluations']['0.01']:.2f}"
+        low, high = fraction_interval(_to_1pct(warm, 200), _to_1pct(cold, 200))
+        assert interval == f"{low:.2f}-{high:.2f}", name
+        assert cold_area == _with_interval(cold["area"], cold["area_interval"])
+        assert warm_area == _with_interval(warm["area"], warm["area_interval"])
+    # The parts: the medians of benchmarks/transfer_parts.py's stored runs (a miss counts 201).
+    parts = {}
+    for name in ("read_only", "use_padding", "use_shmem"):
+        parts.update(_load(f"{folder}/parts-{name}.json"))
+    assert len(tables[1]) == 6
+    for name, cold_cell, points, ranks, both in tables[1]:
+        assert cold_cell == f"{runs['cold', name]['median_evaluations']['0.01']:g}"
+        assert both == f"{runs['warm', name]['median_evaluations']['0.01']:g}"
+        for cell, part in ((points, "points"), (ranks, "ranks")):
+            reached = parts[f"{name} {part}"]
+            assert len(reached) == 100
+            assert cell == f"{statistics.median(n if n is not None else 201 for n in reached):g}"
