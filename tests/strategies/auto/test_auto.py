@@ -11,7 +11,8 @@ import statistics
 import numpy as np
 
 from kernelforge.space import Space
-from kernelforge.strategies.auto.strategy import MEMBERS, AutoStrategy, member_odds
+from kernelforge.strategies.auto.portfolio import MEMBERS, member_odds
+from kernelforge.strategies.auto.strategy import AutoStrategy
 from kernelforge.strategies.names import make_strategy
 from kernelforge.strategies.auto.parzen import ParzenRatio
 from kernelforge.strategies.auto.surrogate import (Encoder, GaussianProcess, expected_improvement, is_power_of_two,

@@ -51,17 +51,15 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 
 from kernelforge.space import Space
 from kernelforge.strategies.base import Key, Strategy
 from kernelforge.strategies.auto.parzen import ParzenRatio
+from kernelforge.strategies.auto.portfolio import MEMBERS, member_odds, untried_directions
 from kernelforge.strategies.auto.surrogate import Encoder, GaussianProcess, expected_improvement, hashable, is_power_of_two
-
-#: The portfolio's members: the GP's expected improvement, the Parzen ratio, the local search.
-MEMBERS = ("gp", "parzen", "local")
 
 
 class AutoStrategy(Strategy):
@@ -276,15 +274,21 @@ class AutoStrategy(Strategy):
         if member == "local":
             # The unseen neighbours of the best point (else of the next best...), the most
             # promising first by expected improvement: a one-parameter move from the best is
-            # never left untried because a model wrote it off, only tried later.
+            # never left untried because a model wrote it off, only tried later. As for the
+            # other members, a move unlikely to run waits while a likely one is left.
             for parent in best_keys:
                 moves = self._moves(parent)
-                if moves and self.spread_moves:
-                    moves = self._untried_directions(parent, moves)
-                if moves:
-                    self._condition(ok, y, believed)
-                    mu, sd = self._gp.predict(self._feature(moves))
-                    return moves[int(np.argmax(expected_improvement(mu, sd, float(y.min()))))], member
+                if not moves:
+                    continue
+                chance = dict(zip(moves, self._chance_to_run(self._feature(moves)) if failed else np.ones(len(moves))))
+                if any(c >= self.min_chance for c in chance.values()):
+                    moves = [key for key in moves if chance[key] >= self.min_chance]
+                if self.spread_moves:
+                    moves = untried_directions(parent, moves, (*self.known, *self.pending))
+                self._condition(ok, y, believed)
+                mu, sd = self._gp.predict(self._feature(moves))
+                score = expected_improvement(mu, sd, float(y.min())) * np.array([chance[key] for key in moves])
+                return moves[int(np.argmax(score))], member
             member = "gp"
         pool = self._pool(best_keys, len(ok))
         if not pool:
@@ -305,22 +309,6 @@ class AutoStrategy(Strategy):
             if likely.any():
                 score = np.where(likely, score, -1.0)
         return pool[int(np.argmax(score))], member
-
-    def _untried_directions(self, parent: Key, moves: list[Key]) -> list[Key]:
-        """Those of ``moves`` (unseen one-parameter moves of ``parent``) along the parameters
-        least tried from ``parent`` so far: the fewest seen points (told or pending) that differ
-        from it in that parameter alone."""
-        def direction(key: Key) -> int | None:
-            changed = [i for i, (a, b) in enumerate(zip(key, parent)) if a != b]
-            return changed[0] if len(changed) == 1 else None
-
-        tried = [0] * len(parent)
-        for key in (*self.known, *self.pending):
-            i = direction(key)
-            if i is not None:
-                tried[i] += 1
-        fewest = min(tried[direction(key)] for key in moves)
-        return [key for key in moves if tried[direction(key)] == fewest]
 
     def _pool(self, best_keys: list[Key], told: int) -> list[Key]:
         """The unseen feasible points the models score: all of them while that costs at most
@@ -405,19 +393,3 @@ class AutoStrategy(Strategy):
         self._queue.append(key)
         return True
 
-
-def member_odds(gains: Sequence[tuple[str, float]], floor: float) -> dict[str, float]:
-    """Each member's odds of proposing the next ask, from ``gains``: (member, how much a point it
-    proposed improved the best) for the recent tells. A member's rate is the sum of its gains over
-    one more than the number of its tells: a member is not favoured for having been asked often,
-    and the one added keeps a member told once from counting its one gain at full rate. The odds
-    follow the rates, with ``floor`` of the total added to every member; even odds while no member
-    has gained."""
-    rates = {}
-    for m in MEMBERS:
-        mine = [g for who, g in gains if who == m]
-        rates[m] = sum(mine) / (len(mine) + 1)
-    total = sum(rates.values())
-    if total <= 0:
-        return {m: 1 / len(MEMBERS) for m in MEMBERS}
-    return {m: (floor * total + rates[m]) / ((1 + len(MEMBERS) * floor) * total) for m in MEMBERS}
