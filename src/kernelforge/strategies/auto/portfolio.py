@@ -1,19 +1,19 @@
 """``auto``'s portfolio rules: which member proposes an ask, and the order of the local member's moves.
 
-Both are pure functions of the history, so a test can check them against an independent count
+Both are pure functions of the history, tested on their own
 (:class:`~kernelforge.strategies.auto.strategy.AutoStrategy` calls them; see its module docstring, 2).
 """
 
 from __future__ import annotations
 
-from typing import Hashable, Iterable, Sequence
+from typing import Iterable, Sequence
+
+from kernelforge.strategies.base import Key
 
 __all__ = ["MEMBERS", "member_odds", "untried_directions"]
 
 #: The portfolio's members: the GP's expected improvement, the Parzen ratio, the local search.
 MEMBERS = ("gp", "parzen", "local")
-
-Key = tuple[Hashable, ...]
 
 
 def member_odds(gains: Sequence[tuple[str, float]], floor: float) -> dict[str, float]:
