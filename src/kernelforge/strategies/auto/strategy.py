@@ -26,9 +26,10 @@ members expects the most:
      (:mod:`kernelforge.strategies.auto.parzen`), robust where the GP smooths a needle away;
    - ``local``: the unseen one-parameter moves of the best point (then of the next best), each
      parameter once before any twice (the moves along the parameters with the fewest points seen
-     along them from that point), the most promising of those by the GP's expected improvement:
-     the move next to the optimum is never left untried because a model wrote it off, nor
-     queued behind every other value of a wide parameter (:attr:`AutoStrategy.spread_moves`);
+     along them from that point), the most promising of those by the GP's expected improvement
+     times the chance to run (3): the move next to the optimum is never left untried because a
+     model wrote it off, nor queued behind every other value of a wide parameter
+     (:attr:`AutoStrategy.spread_moves`);
 
 3. failures (told ``None``) and points found infeasible before the device ran them
    (:meth:`~kernelforge.strategies.base.Strategy.infeasible`) train a second GP on "it failed";
