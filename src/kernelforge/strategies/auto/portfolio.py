@@ -46,5 +46,6 @@ def untried_directions(parent: Key, moves: Sequence[Key], seen: Iterable[Key]) -
         i = direction(key)
         if i is not None:
             tried[i] += 1
-    fewest = min(tried[direction(key)] for key in moves)
-    return [key for key in moves if tried[direction(key)] == fewest]
+    counts = [tried[direction(key)] for key in moves]
+    fewest = min(counts)
+    return [key for key, count in zip(moves, counts) if count == fewest]

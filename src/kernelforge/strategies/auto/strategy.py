@@ -281,9 +281,9 @@ class AutoStrategy(Strategy):
                 moves = self._moves(parent)
                 if not moves:
                     continue
-                chance = dict(zip(moves, self._chance_to_run(self._feature(moves)) if failed else np.ones(len(moves))))
-                if any(c >= self.min_chance for c in chance.values()):
-                    moves = [key for key in moves if chance[key] >= self.min_chance]
+                runs, likely = self._runnable(self._feature(moves), bool(failed))
+                chance = {key: c for key, c, keep in zip(moves, runs, likely) if keep}
+                moves = list(chance)
                 if self.spread_moves:
                     moves = untried_directions(parent, moves, (*self.known, *self.pending))
                 self._condition(ok, y, believed)
@@ -300,16 +300,17 @@ class AutoStrategy(Strategy):
         self._condition(ok, y, believed)
         x_pool = self._feature(pool)
         mu, sd = self._gp.predict(x_pool)
-        score = expected_improvement(mu, sd, float(y.min()))
-        if failed:
-            chance = self._chance_to_run(x_pool)
-            score = score * chance
-            # A point the failure model gives little chance is left while any other remains: the
-            # speed model only extrapolates there (it never saw such a point run).
-            likely = chance >= self.min_chance
-            if likely.any():
-                score = np.where(likely, score, -1.0)
+        chance, likely = self._runnable(x_pool, bool(failed))
+        score = np.where(likely, expected_improvement(mu, sd, float(y.min())) * chance, -1.0)
         return pool[int(np.argmax(score))], member
+
+    def _runnable(self, x: np.ndarray, failed: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's chance to run (all 1 while nothing failed) and whether it may be asked now: a
+        point the failure model gives under ``min_chance`` waits while any other remains (the
+        speed model only extrapolates there: it never saw such a point run)."""
+        chance = self._chance_to_run(x) if failed else np.ones(len(x))
+        likely = chance >= self.min_chance
+        return chance, likely if likely.any() else np.ones(len(x), dtype=bool)
 
     def _pool(self, best_keys: list[Key], told: int) -> list[Key]:
         """The unseen feasible points the models score: all of them while that costs at most
