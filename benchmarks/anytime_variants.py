@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from concurrent.futures import ProcessPoolExecutor  # noqa: E402
+from functools import partial  # noqa: E402
 
 from kernelforge.strategies.auto.strategy import AutoStrategy  # noqa: E402
 from kernelforge.strategies.bench import anytime  # noqa: E402
@@ -63,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     with ProcessPoolExecutor(args.jobs, initializer=_apply, initargs=(settings,)) as pool:
         for space in spaces:
-            runs = list(pool.map(_run, [(space, args.strategy, seed, args.budget, args.stop) for seed in seeds]))
+            run = partial(run_one, space, args.strategy, budget=args.budget, stop=args.stop)
+            runs = list(pool.map(run, seeds))
             _report(space, runs, label, seeds, args)
     return 0
 
@@ -71,11 +73,6 @@ def main(argv: list[str] | None = None) -> int:
 def _apply(settings: dict) -> None:
     for name, value in settings.items():
         setattr(AutoStrategy, name, value)
-
-
-def _run(task: tuple):
-    space, strategy, seed, budget, stop = task
-    return run_one(space, strategy, seed, budget, stop=stop)
 
 
 def _report(space, runs, label: str, seeds: range, args: argparse.Namespace) -> None:

@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from concurrent.futures import ProcessPoolExecutor  # noqa: E402
+from functools import partial  # noqa: E402
 
 from kernelforge.strategies.bench.run import run_one  # noqa: E402
 from kernelforge.strategies.bench.recorded import load_kernel_tuner_cache  # noqa: E402
@@ -51,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
                 for part in ("points", "ranks"):
                     first = warm_points(source, target) if part == "points" else ()
                     transfer = rank_scores(source, target) if part == "ranks" else None
-                    tasks = [(target, seed, args.budget, first, transfer) for seed in range(args.seeds)]
-                    reached = list(pool.map(_reached, tasks))
+                    run = partial(_reached, target, budget=args.budget, first=first, transfer=transfer)
+                    reached = list(pool.map(run, range(args.seeds)))
                     out[f"{target.name} {part}"] = reached
                     median = statistics.median(n if n is not None else args.budget + 1 for n in reached)
                     print(target.name, part, reached, median, flush=True)
@@ -61,9 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _reached(task: tuple) -> int | None:
-    """Evaluations to within 1% of one run (None: it never got there)."""
-    target, seed, budget, first, transfer = task
+def _reached(target, seed: int, *, budget: int, first, transfer) -> int | None:
+    """Evaluations to within 1% of one run of ``auto`` (None: it never got there)."""
     return run_one(target, "auto", seed, budget, stop=True, first=first, transfer=transfer).reached[0.01]
 
 

@@ -68,13 +68,17 @@ def same_kernel(source: RecordedSpace, target: RecordedSpace) -> bool:
     return not same and sorted(source.space.names) == sorted(target.space.names)
 
 
+def _require_same_kernel(source: RecordedSpace, target: RecordedSpace) -> None:
+    if not same_kernel(source, target):
+        raise UserError(f"--warm-from {source.name}: {target.name} is not another recording of its kernel (the "
+                        f"same parameters, another space); warm-start a space from another GPU's recording")
+
+
 def warm_points(source: RecordedSpace, target: RecordedSpace, limit: int = DEFAULT_LIMIT) -> list[dict[str, Any]]:
     """The best-ranked configurations of ``source`` that are feasible points of ``target``, at most
     ``limit``, in :func:`spread` order (see the module docstring). Raises UserError when ``target`` is not
     another recording of the same kernel (:func:`same_kernel`)."""
-    if not same_kernel(source, target):
-        raise UserError(f"--warm-from {source.name}: {target.name} is not another recording of its kernel (the "
-                        f"same parameters, another space); warm-start a space from another GPU's recording")
+    _require_same_kernel(source, target)
     names = source.space.names
     feasible = []
     for key in _ranked(source):
@@ -93,8 +97,7 @@ def _ranked(source: RecordedSpace) -> list[tuple[Any, ...]]:
 def rank_scores(source: RecordedSpace, target: RecordedSpace) -> dict[tuple[Any, ...], float]:
     """Each configuration ``source`` recorded, keyed in ``target``'s parameter order, with its
     rank score (see the module docstring). Raises UserError as :func:`warm_points` does."""
-    if not same_kernel(source, target):
-        raise UserError(f"--warm-from {source.name}: {target.name} is not another recording of its kernel")
+    _require_same_kernel(source, target)
     order = [source.space.names.index(name) for name in target.space.names]
     return scores_of([tuple(key[i] for i in order) for key in _ranked(source)],
                      [tuple(key[i] for i in order) for key, value in source.records.items() if not isinstance(value, float)])
