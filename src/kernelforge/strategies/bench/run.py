@@ -233,35 +233,63 @@ def bench_spaces(
     spaces = list(spaces)
     for space in spaces:
         space.optimum()  # a space with no recorded time: UserError now, not in a worker
-    firsts = tuple(tuple(warm_points(warm, space)) if warm is not None else () for space in spaces)
-    scores = tuple(rank_scores(warm, space) if warm is not None else None for space in spaces)
+    setup = _Setup(
+        spaces=tuple(spaces), budget=budget, stop=stop,
+        firsts=tuple(tuple(warm_points(warm, space)) if warm is not None else () for space in spaces),
+        scores=tuple(rank_scores(warm, space) if warm is not None else None for space in spaces),
+    )
     for name in names if spaces else ():
         make_strategy(name, spaces[0].space, seed=0)
-    tasks = [(i, name, seed) for i in range(len(spaces)) for name in names
+    tasks = [_Task(space=i, strategy=name, seed=seed) for i in range(len(spaces)) for name in names
              for seed in range(first_seed, first_seed + seeds)]
     jobs = min(jobs or os.cpu_count() or 1, max(1, len(tasks)))
     per_space = len(names) * seeds
     warm_name = warm.name if warm is not None else None
     if jobs == 1:
-        runs = (run_one(spaces[i], name, seed, budget, stop=stop, first=firsts[i], transfer=scores[i])
-                for i, name, seed in tasks)
-        yield from _group(spaces, names, seeds, budget, runs, per_space, stop, warm_name, firsts)
+        runs = (setup.run(task) for task in tasks)
+        yield from _group(setup, names, seeds, runs, per_space, warm_name)
         return
-    # The spaces go to each worker once (initializer), the tasks are small tuples.
-    with ProcessPoolExecutor(max_workers=jobs, initializer=_init_worker,
-                             initargs=(tuple(spaces), budget, stop, firsts, scores)) as pool:
+    # The setup goes to each worker once (initializer), the tasks are small records.
+    with ProcessPoolExecutor(max_workers=jobs, initializer=_init_worker, initargs=(setup,)) as pool:
         runs = pool.map(_run_task, tasks, chunksize=1)  # results in task order, whatever finishes first
-        yield from _group(spaces, names, seeds, budget, runs, per_space, stop, warm_name, firsts)
+        yield from _group(setup, names, seeds, runs, per_space, warm_name)
 
 
-def _group(spaces: list[RecordedSpace], names: list[str], seeds: int, budget: int, runs: Iterator[BenchRun],
-           per_space: int, stop: bool, warm_name: str | None, firsts: tuple[tuple, ...]) -> Iterator[SpaceBench]:
+@dataclass(frozen=True)
+class _Task:
+    """One run of a bench: the index of its space in the :class:`_Setup`, a strategy and a seed."""
+
+    space: int
+    strategy: str
+    seed: int
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """What every run of one bench shares: the spaces, each with the points it asks first and the
+    rank scores it is given (both empty without a warm start), the budget and the stop rule."""
+
+    spaces: tuple[RecordedSpace, ...]
+    budget: int
+    stop: bool
+    firsts: tuple[tuple[Mapping[str, object], ...], ...]
+    scores: tuple[Mapping | None, ...]
+
+    def run(self, task: _Task) -> BenchRun:
+        i = task.space
+        return run_one(self.spaces[i], task.strategy, task.seed, self.budget, stop=self.stop, first=self.firsts[i],
+                       transfer=self.scores[i])
+
+
+def _group(setup: _Setup, names: list[str], seeds: int, runs: Iterator[BenchRun], per_space: int,
+           warm_name: str | None) -> Iterator[SpaceBench]:
     runs = iter(runs)
-    for space, first in zip(spaces, firsts):
+    for space, first in zip(setup.spaces, setup.firsts):
         done = [next(runs) for _ in range(per_space)]
         point, optimum = space.optimum()
         rows = tuple(
-            summarise(name, tuple(done[k * seeds:(k + 1) * seeds]), budget, optimum) for k, name in enumerate(names)
+            summarise(name, tuple(done[k * seeds:(k + 1) * seeds]), setup.budget, optimum)
+            for k, name in enumerate(names)
         )
         yield SpaceBench(
             name=space.name,
@@ -270,35 +298,25 @@ def _group(spaces: list[RecordedSpace], names: list[str], seeds: int, budget: in
             grid_size=space.space.size,
             optimum=optimum,
             optimum_point=point,
-            budget=budget,
+            budget=setup.budget,
             seeds=seeds,
             rows=rows,
-            stopped=stop,
+            stopped=setup.stop,
             warm_from=warm_name,
             warm_points=len(first),
         )
 
 
-# A worker process's spaces, budget and warm points, set once by its initializer (the pool's processes are ours).
-_WORKER: dict[str, object] = {}
+#: A worker process's :class:`_Setup`, set once by its initializer (the pool's processes are ours).
+_WORKER_SETUP: list[_Setup] = []
 
 
-def _init_worker(spaces: tuple[RecordedSpace, ...], budget: int, stop: bool, firsts: tuple[tuple, ...],
-                 scores: tuple) -> None:
-    _WORKER["spaces"] = spaces
-    _WORKER["budget"] = budget
-    _WORKER["stop"] = stop
-    _WORKER["firsts"] = firsts
-    _WORKER["scores"] = scores
+def _init_worker(setup: _Setup) -> None:
+    _WORKER_SETUP[:] = [setup]
 
 
-def _run_task(task: tuple[int, str, int]) -> BenchRun:
-    index, name, seed = task
-    spaces: tuple[RecordedSpace, ...] = _WORKER["spaces"]  # type: ignore[assignment]
-    budget: int = _WORKER["budget"]  # type: ignore[assignment]
-    firsts: tuple[tuple, ...] = _WORKER["firsts"]  # type: ignore[assignment]
-    return run_one(spaces[index], name, seed, budget, stop=bool(_WORKER["stop"]), first=firsts[index],
-                   transfer=_WORKER["scores"][index])  # type: ignore[index]
+def _run_task(task: _Task) -> BenchRun:
+    return _WORKER_SETUP[0].run(task)
 
 
 def summarise(name: str, runs: tuple[BenchRun, ...], budget: int, optimum: float) -> BenchRow:
