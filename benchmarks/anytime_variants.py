@@ -3,7 +3,8 @@ each run over seeds on recorded spaces, the median best/optimum after 10, 25, 50
 evaluations per space, the area under that curve and the evaluations to 1%.
 
     PYTHONPATH=src python benchmarks/anytime_variants.py SPACE.json.gz [...] --seeds 20 --budget 100 \
-        [--strategy auto] [--set start=8 --set ...] [--fix NAME=V1,V2] [--stop] [--jobs 2] [--json FILE]
+        [--strategy auto] [--set start=8 --set ...] [--fix NAME=V1,V2] [--warm-from SPACE.json.gz] [--stop] \
+        [--jobs 2] [--json FILE]
 
 Replays the recorded spaces (no device), with the strategy bench's own loop
 (:func:`kernelforge.strategies.bench.run.run_one`, no stop): a variant is ``auto`` with some of its
@@ -11,7 +12,10 @@ class attributes (``AutoStrategy.start``, ...) set for the run, so a variant is 
 as the bench measures the shipped strategy. ``--json`` appends one record per space (variant,
 seeds, per-seed best/optimum at each checkpoint and after every evaluation, evaluations to 1%,
 the area and its 95% interval) to FILE, one JSON object per line. ``--fix`` runs the slices the
-strategy bench's ``--fix`` names instead of the whole spaces; ``--stop`` ends each run within 1%
+strategy bench's ``--fix`` names instead of the whole spaces; ``--warm-from`` warm-starts every run
+on each space from another GPU's recording of its kernel, as the strategy bench's does (the spaces
+that are not one are left out; a slice is never warmed from its own whole space), so a variant of
+the warm start is measured against the cold one with one command; ``--stop`` ends each run within 1%
 (as the bench's; a checkpoint past the stop reads the best at the stop); ``--jobs`` runs the seeds
 in parallel processes, each with the variant's settings.
 """
@@ -30,11 +34,13 @@ sys.path.insert(0, str(REPO / "src"))
 from concurrent.futures import ProcessPoolExecutor  # noqa: E402
 from functools import partial  # noqa: E402
 
+from kernelforge.errors import UserError  # noqa: E402
 from kernelforge.strategies.auto.strategy import AutoStrategy  # noqa: E402
 from kernelforge.strategies.bench import anytime  # noqa: E402
 from kernelforge.strategies.bench.recorded import load_kernel_tuner_cache  # noqa: E402
 from kernelforge.strategies.bench.run import run_one  # noqa: E402
 from kernelforge.strategies.bench.slices import parse_fix, sliced  # noqa: E402
+from kernelforge.strategies.transfer import other_recordings, rank_scores, warm_points  # noqa: E402
 
 CHECKS = (10, 25, 50, 100)
 
@@ -49,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="an AutoStrategy class attribute for this run (a Python literal)")
     parser.add_argument("--fix", action="append", default=[], metavar="NAME=V1,V2")
+    parser.add_argument("--warm-from", type=Path, default=None, metavar="SPACE")
     parser.add_argument("--stop", action="store_true")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None)
@@ -60,11 +67,21 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--set {item}: AutoStrategy has no attribute {name!r}")
         settings[name] = json.loads(value)
     label = args.strategy + "".join(f" {k}={v}" for k, v in settings.items())
-    spaces = sliced([load_kernel_tuner_cache(path) for path in args.spaces], [parse_fix(t) for t in args.fix])
+    spaces = [load_kernel_tuner_cache(path) for path in args.spaces]
+    source = load_kernel_tuner_cache(args.warm_from) if args.warm_from is not None else None
+    if source is not None:
+        try:
+            spaces = other_recordings(source, spaces, str(args.warm_from))
+        except UserError as exc:
+            parser.error(str(exc))
+        label += f" warm from {source.name}"
+    spaces = sliced(spaces, [parse_fix(t) for t in args.fix])  # after the warm filter, as the bench's
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     with ProcessPoolExecutor(args.jobs, initializer=_apply, initargs=(settings,)) as pool:
         for space in spaces:
-            run = partial(run_one, space, args.strategy, budget=args.budget, stop=args.stop)
+            warm = {} if source is None else {"first": warm_points(source, space),
+                                               "transfer": rank_scores(source, space)}
+            run = partial(run_one, space, args.strategy, budget=args.budget, stop=args.stop, **warm)
             runs = list(pool.map(run, seeds))
             _report(space, runs, label, seeds, args)
     return 0
@@ -91,6 +108,7 @@ def _report(space, runs, label: str, seeds: range, args: argparse.Namespace) -> 
           + f" ask p95 {asks[int(0.95 * (len(asks) - 1))]:.1f} ms", flush=True)
     if args.json is not None:
         record = {"space": space.name, "variant": label, "seeds": list(seeds), "budget": args.budget,
+                  "warm_from": str(args.warm_from) if args.warm_from is not None else None,
                   "at": {c: matrix[:, c - 1].tolist() for c in checks}, "area": area,
                   "to_1pct": to1, "area_interval": anytime.area_interval([r.trace for r in runs], optimum,
                                                                          args.budget),

@@ -185,13 +185,10 @@ def strategy_bench(path: str, strategies: str | None, seeds: int, first_seed: in
     spaces = [load_kernel_tuner_cache(file) for file in cache_files(path)]
     warm = None
     if warm_from is not None:
-        from kernelforge.strategies.transfer import same_kernel
+        from kernelforge.strategies.transfer import other_recordings
 
         warm = load_kernel_tuner_cache(warm_from)
-        spaces = [space for space in spaces if same_kernel(warm, space)]
-        if not spaces:
-            raise UserError(f"--warm-from {warm_from}: PATH holds no other recording of its kernel (a cache with the "
-                            f"same parameters: {', '.join(warm.space.names)})")
+        spaces = other_recordings(warm, spaces, warm_from)
     spaces = sliced(spaces, [parse_fix(text) for text in fixes])  # after the warm filter: never a slice of SPACE
     names = default_strategies() if strategies is None else [n.strip() for n in strategies.split(",")]
     results = []

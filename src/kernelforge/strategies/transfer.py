@@ -68,6 +68,16 @@ def same_kernel(source: RecordedSpace, target: RecordedSpace) -> bool:
     return not same and sorted(source.space.names) == sorted(target.space.names)
 
 
+def other_recordings(source: RecordedSpace, spaces: Iterable[RecordedSpace], path: str) -> list[RecordedSpace]:
+    """Those of ``spaces`` that are other recordings of ``source``'s kernel (:func:`same_kernel`), in
+    order: the targets of ``--warm-from path``. Raises UserError when there is none."""
+    targets = [space for space in spaces if same_kernel(source, space)]
+    if not targets:
+        raise UserError(f"--warm-from {path}: PATH holds no other recording of its kernel (a cache with the "
+                        f"same parameters: {', '.join(source.space.names)})")
+    return targets
+
+
 def _require_same_kernel(source: RecordedSpace, target: RecordedSpace) -> None:
     if not same_kernel(source, target):
         raise UserError(f"--warm-from {source.name}: {target.name} is not another recording of its kernel (the "

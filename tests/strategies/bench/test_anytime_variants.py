@@ -11,11 +11,11 @@ from pathlib import Path
 SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "anytime_variants.py"
 
 
-def write_space(path: Path) -> Path:
+def write_space(path: Path, device: str = "Test GPU", best_tile: int = 2) -> Path:
     params = {"bx": [16, 32, 48, 64], "tile": [1, 2, 3, 4], "flag": [0, 1]}
-    cache = {f"{bx},{tile},{flag}": {"time": 1.0 + abs(bx - 32) / 16 + abs(tile - 2) + flag}
+    cache = {f"{bx},{tile},{flag}": {"time": 1.0 + abs(bx - 32) / 16 + abs(tile - best_tile) + flag}
              for bx in params["bx"] for tile in params["tile"] for flag in params["flag"]}
-    path.write_text(json.dumps({"device_name": "Test GPU", "tune_params": params, "cache": cache}))
+    path.write_text(json.dumps({"device_name": device, "tune_params": params, "cache": cache}))
     return path
 
 
@@ -35,6 +35,39 @@ def test_a_variant_runs_on_slices_in_parallel_and_records_each(tmp_path):
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["space"] for r in records] == ["toy[flag=0]", "toy[flag=1]"]
     assert all(r["seeds"] == [0, 1, 2] and len(r["to_1pct"]) == 3 for r in records)
+
+
+def test_a_warm_start_runs_as_the_strategy_bench_runs_it(tmp_path):
+    """``--warm-from``: only the other recordings of the kernel run (not the source itself), each
+    run warm-started exactly as the strategy bench's (the same evaluations to 1%, seed by seed)."""
+    from kernelforge.strategies.bench.recorded import load_kernel_tuner_cache
+    from kernelforge.strategies.bench.run import run_one
+    from kernelforge.strategies.transfer import rank_scores, warm_points
+
+    source = write_space(tmp_path / "toy_a.json", device="GPU A", best_tile=3)
+    target = write_space(tmp_path / "toy_b.json", device="GPU B", best_tile=2)
+    out = tmp_path / "warm.jsonl"
+    done = run(str(source), str(target), "--seeds", "4", "--budget", "20", "--stop", "--warm-from", str(source),
+               "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    assert [line.split()[0] for line in done.stdout.splitlines()] == ["toy_b"]
+    record = json.loads(out.read_text())
+    assert record["warm_from"] == str(source) and "warm from toy_a" in record["variant"]
+    a, b = load_kernel_tuner_cache(source), load_kernel_tuner_cache(target)
+    expected = [run_one(b, "auto", seed, 20, stop=True, first=warm_points(a, b), transfer=rank_scores(a, b)).reached[0.01]
+                for seed in range(4)]
+    cold = [run_one(b, "auto", seed, 20, stop=True).reached[0.01] for seed in range(4)]
+    assert record["to_1pct"] == expected != cold
+
+
+def test_a_warm_start_from_another_kernel_is_one_clear_message(tmp_path):
+    space = write_space(tmp_path / "toy.json")
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"device_name": "GPU C", "tune_params": {"n": [1, 2]},
+                                 "cache": {"1": {"time": 1.0}, "2": {"time": 2.0}}}))
+    done = run(str(space), "--warm-from", str(other))
+    assert done.returncode == 2 and "--warm-from" in done.stderr and "no other recording of its kernel" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_an_unknown_setting_is_refused():
