@@ -264,3 +264,33 @@ def test_the_transfer_slices_tables_are_their_stored_runs():
             reached = parts[f"{name} {part}"]
             assert len(reached) == 100
             assert cell == f"{statistics.median(n if n is not None else 201 for n in reached):g}"
+
+
+def test_the_tried_warm_start_variants_tables_are_their_stored_runs():
+    """The ninth session's warm-start variants: each cell the median of its stored per-seed runs
+    (40 seeds, a miss counts 201), and the summary's geometric means and counts from the same."""
+    folder = "tried-2026-12-07"
+    runs = {name: _load(f"{folder}/{name}.json.gz") for name in ("base40", "lim2", "lim1", "slow", "xi01", "r1")}
+
+    def median(name: str, key: str) -> float:
+        reached = runs[name][key]
+        assert len(reached) == 40
+        return statistics.median(n if n is not None else 201 for n in reached)
+
+    table, summary = _tables(_section("Tried for the warm start's losses"))
+    assert len(table) == 14
+    pairs = []
+    for label, cold, warm, two, one, slow, margin, rounds in table:
+        name, source = re.fullmatch(r"(\S+) \(from (\w+)\)", label).groups()
+        assert source not in name
+        pairs.append(name)
+        assert [cold, warm] == [f"{median('base40', f'{name} {kind}'):g}" for kind in ("cold", "warm")]
+        assert [two, one, slow] == [f"{median(v, f'{name} warm'):g}" for v in ("lim2", "lim1", "slow")]
+        for cell, variant in ((margin, "xi01"), (rounds, "r1")):
+            assert cell == f"{median(variant, f'{name} cold'):g} / {median(variant, f'{name} warm'):g}"
+    # Each variant's warm runs against the cold runs of the same auto: its own where it changes auto.
+    for row, (variant, cold_of) in zip(summary, (("base40", "base40"), ("lim2", "base40"), ("lim1", "base40"),
+                                                 ("slow", "base40"), ("xi01", "xi01"), ("r1", "r1"))):
+        ratios = [median(variant, f"{name} warm") / median(cold_of, f"{name} cold") for name in pairs]
+        geometric = statistics.geometric_mean(ratios)
+        assert row[1:] == [f"{geometric:.2f}", str(sum(r <= 0.5 for r in ratios)), str(sum(r > 1 for r in ratios))]
