@@ -267,8 +267,9 @@ def test_the_transfer_slices_tables_are_their_stored_runs():
 
 
 def test_the_tried_warm_start_variants_tables_are_their_stored_runs():
-    """The ninth session's warm-start variants: each cell the median of its stored per-seed runs
-    (40 seeds, a miss counts 201), and the summary's geometric means and counts from the same."""
+    """The ninth session's tries: the warm-start variants (each cell the median of its stored
+    per-seed runs, 40 seeds, a miss counts 201; the summary's geometric means and counts from the
+    same) and the pair-products patch (its table and the figures its text quotes)."""
     folder = "tried-2026-12-07"
     runs = {name: _load(f"{folder}/{name}.json.gz") for name in ("base40", "lim2", "lim1", "slow", "xi01", "r1")}
 
@@ -277,7 +278,8 @@ def test_the_tried_warm_start_variants_tables_are_their_stored_runs():
         assert len(reached) == 40
         return statistics.median(n if n is not None else 201 for n in reached)
 
-    table, summary = _tables(_section("Tried for the warm start's losses"))
+    section = _section("Tried for the warm start's losses")
+    table, summary, products = _tables(section)
     assert len(table) == 14
     pairs = []
     for label, cold, warm, two, one, slow, margin, rounds in table:
@@ -294,3 +296,29 @@ def test_the_tried_warm_start_variants_tables_are_their_stored_runs():
         ratios = [median(variant, f"{name} warm") / median(cold_of, f"{name} cold") for name in pairs]
         geometric = statistics.geometric_mean(ratios)
         assert row[1:] == [f"{geometric:.2f}", str(sum(r <= 0.5 for r in ratios)), str(sum(r > 1 for r in ratios))]
+
+    # The pair-products patch, cold: its table from the stored runs of both autos (seeds 0-39), and
+    # the figures the text reads from them and from seeds 20-59.
+    shipped, patched = _load(f"{folder}/products-cb.json.gz"), _load(f"{folder}/products-cv.json.gz")
+    names = [name for name in shipped if name != "_cps"]
+    assert [row[0] for row in products] == names and len(names) == 32
+
+    def to_1pct(reached: list) -> float:
+        assert len(reached) == 40
+        return statistics.median(n if n is not None else 301 for n in reached)
+
+    def at(runs: dict, name: str, checkpoint: str) -> str:
+        return f"{statistics.median(run[checkpoint] for run in runs['_cps'][name]):.3f}"
+
+    for name, before, after, at25, at50 in products:
+        assert [before, after] == [f"{to_1pct(shipped[name]):g}", f"{to_1pct(patched[name]):g}"]
+        assert at25 == f"{at(shipped, name, '25')} / {at(patched, name, '25')}"
+        assert at50 == f"{at(shipped, name, '50')} / {at(patched, name, '50')}"
+    later = _load(f"{folder}/products-base_20_59.json.gz"), _load(f"{folder}/products-prod_20_59.json.gz")
+    means = [statistics.geometric_mean([to_1pct(p[name]) / to_1pct(b[name]) for name in names])
+             for b, p in ((shipped, patched), later)]
+    text = " ".join(section.split())
+    assert f"is {means[0]:.2f} on seeds 0-39 and {means[1]:.2f} on seeds 20-59" in text
+    worse = sum(to_1pct(patched[n]) > to_1pct(shipped[n]) for n in names)
+    better = sum(to_1pct(patched[n]) < to_1pct(shipped[n]) for n in names)
+    assert f"worse on {worse} of the 32 and better on {better}" in text
