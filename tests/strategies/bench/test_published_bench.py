@@ -322,3 +322,12 @@ def test_the_tried_warm_start_variants_tables_are_their_stored_runs():
     worse = sum(to_1pct(patched[n]) > to_1pct(shipped[n]) for n in names)
     better = sum(to_1pct(patched[n]) < to_1pct(shipped[n]) for n in names)
     assert f"worse on {worse} of the 32 and better on {better}" in text
+    longer = _load(f"{folder}/products-p2.json.gz")  # the product groups started longer
+    touched = [name for name in longer if name != "_cps"]
+    assert len(touched) == 27 and not any(name.startswith("gemm") for name in touched)
+    figures = []
+    for subset in (touched, [name for name in touched if "W7800" in name]):
+        for runs in (patched, longer):
+            figures.append(statistics.geometric_mean([to_1pct(runs[n]) / to_1pct(shipped[n]) for n in subset]))
+    assert (f"same seeds: {figures[0]:.2f} against {figures[1]:.2f}, and on the W7800's seven "
+            f"{figures[2]:.2f} against {figures[3]:.2f}") in text
