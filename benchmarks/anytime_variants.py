@@ -3,7 +3,7 @@ each run over seeds on recorded spaces, the median best/optimum after 10, 25, 50
 evaluations per space, the area under that curve and the evaluations to 1%.
 
     PYTHONPATH=src python benchmarks/anytime_variants.py SPACE.json.gz [...] --seeds 20 --budget 100 \
-        [--strategy auto] [--set start=8 --set ...] [--fix NAME=V1,V2] [--warm-from SPACE.json.gz] [--stop] \
+        [--strategy auto] [--set start=8 --set ...] [--fix NAME[=V1,V2]] [--warm-from SPACE.json.gz] [--stop] \
         [--jobs 2] [--json FILE]
 
 Replays the recorded spaces (no device), with the strategy bench's own loop
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=100)
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="an AutoStrategy class attribute for this run (a Python literal)")
-    parser.add_argument("--fix", action="append", default=[], metavar="NAME=V1,V2")
+    parser.add_argument("--fix", action="append", default=[], metavar="NAME[=V1,V2]")
     parser.add_argument("--warm-from", type=Path, default=None, metavar="SPACE")
     parser.add_argument("--stop", action="store_true")
     parser.add_argument("--jobs", type=int, default=1)

@@ -1,7 +1,7 @@
 """Which part of a transfer helps: ``auto`` on each recorded convolution space with only the warm
 points of the other GPU's recording, then with only its rank input (issue 34).
 
-    PYTHONPATH=src python benchmarks/transfer_parts.py [--seeds 10] [--budget 200] [--fix NAME=V1,V2] \
+    PYTHONPATH=src python benchmarks/transfer_parts.py [--seeds 10] [--budget 200] [--fix NAME[=V1,V2]] \
         [--jobs 2] [--json FILE]
 
 Replays the recorded spaces (no device): evaluations to within 1% of the optimum per seed, each
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--budget", type=int, default=200)
-    parser.add_argument("--fix", action="append", default=[], metavar="NAME=V1,V2")
+    parser.add_argument("--fix", action="append", default=[], metavar="NAME[=V1,V2]")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)

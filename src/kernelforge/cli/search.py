@@ -162,10 +162,10 @@ def with_llm(job, mode: str | None, model: str | None, key_env: str | None):
               help="A cache file of the same kernel on another GPU: every run first asks its best-ranked points "
                    "(ranks, not times; as many as a search's --warm-start, in its spread order). Only PATH's spaces "
                    "of that kernel are benched, never SPACE itself.")
-@click.option("--fix", "fixes", multiple=True, metavar="NAME=V1,V2",
+@click.option("--fix", "fixes", multiple=True, metavar="NAME[=V1,V2]",
               help="Bench slices instead of whole spaces: the part of each space where parameter NAME holds one "
-                   "value, a slice per value (repeat for several parameters: a slice per combination). Spaces "
-                   "without NAME are left out.")
+                   "value, a slice per value (NAME alone: each of the space's own values with a recorded time; "
+                   "repeat for several parameters: a slice per combination). Spaces without NAME are left out.")
 def strategy_bench(path: str, strategies: str | None, seeds: int, first_seed: int, stop: bool, budget: int,
                    jobs: int | None, json_path: str | None, warm_from: str | None = None,
                    fixes: tuple[str, ...] = ()) -> None:

@@ -87,14 +87,39 @@ def test_spaces_without_the_parameter_are_left_out(space, tmp_path):
         sliced([space], [Fix("shmem", ("1",)), Fix("shmem", ("0",))])
 
 
-@pytest.mark.parametrize("text", ["shmem", "=1", "shmem=", "shmem=1,,0"])
+@pytest.mark.parametrize("text", ["", " ", "=1", "shmem=", "shmem=1,,0"])
 def test_a_malformed_fix_is_refused_with_its_form(text):
-    with pytest.raises(UserError, match=r"expected NAME=VALUE or NAME=V1,V2"):
+    with pytest.raises(UserError, match=r"expected NAME, NAME=VALUE or NAME=V1,V2"):
         parse_fix(text)
 
 
 def test_parse_fix_reads_name_and_values():
     assert parse_fix(" shmem = 0, 1") == Fix("shmem", ("0", "1"))
+    assert parse_fix(" shmem ") == Fix("shmem", ())  # every value
+
+
+def test_a_fix_without_values_slices_each_space_at_each_of_its_own_timed_values(tmp_path):
+    """``--fix NAME``: per space its own values of NAME (two recordings may list other values),
+    leaving out a value none of whose configurations has a recorded time; named values are still
+    refused there, as before."""
+    wide = load_kernel_tuner_cache(write(tmp_path / "conv.json", drop=((48, 0, 0.5), (48, 0, 1.0))))
+    params = {"block": [32, 64], "shmem": [0, 1], "scale": [1.0]}
+    narrow_path = tmp_path / "narrow.json"
+    narrow_path.write_text(json.dumps({"device_name": "Narrow GPU", "tune_params": params,
+                                       "cache": {f"{b},{s},1.0": {"time": float(b + s)} for b in (32, 64) for s in (0, 1)}}))
+    narrow = load_kernel_tuner_cache(narrow_path)
+    parts = sliced([wide, narrow], [parse_fix("block")])
+    # block 48 of conv has only a compile failure left: no slice; narrow has only 32 and 64.
+    assert [part.name for part in parts] == ["conv[block=16]", "conv[block=32]", "conv[block=64]",
+                                             "narrow[block=32]", "narrow[block=64]"]
+    for part in parts:
+        value = part.space.values("block")[0]
+        whole = wide if part.name.startswith("conv") else narrow
+        assert set(part.records) == {key for key in whole.records if key[0] == value}
+    combined = sliced([wide], [parse_fix("shmem"), parse_fix("scale=1.0")])
+    assert [part.name for part in combined] == ["conv[shmem=0,scale=1.0]", "conv[shmem=1,scale=1.0]"]
+    with pytest.raises(UserError, match="--fix block=48: no configuration of conv"):
+        sliced([wide], [parse_fix("block=48")])
 
 
 def test_auto_and_tpe_search_a_slice(space):

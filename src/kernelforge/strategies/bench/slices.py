@@ -5,7 +5,9 @@ values, usually elsewhere than the whole space's, and the landscape around it is
 kernel engineer who holds a switch (shared memory on, a fixed vector width) searches exactly such a
 slice. The strategy bench (``--fix NAME=V1,V2``) benches slices as it benches whole spaces, which
 gives more spaces than there are recordings to judge a strategy on: spaces that it was not tuned
-on, though they are parts of spaces it may have been.
+on, though they are parts of spaces it may have been. ``--fix NAME`` alone holds NAME at each of
+its values in turn, each space's own (those with a recorded time), so one option slices every
+recording of a folder without listing values.
 
 A slice keeps every parameter of its space (the held one with its one value), so a slice is still
 a recording of its kernel (:func:`kernelforge.strategies.transfer.same_kernel`) and a warm start
@@ -29,19 +31,21 @@ __all__ = ["Fix", "parse_fix", "slice_space", "sliced"]
 class Fix:
     """One ``--fix NAME=V1,V2``: the parameter ``name`` held, in turn, at each of ``values``
     (as written: ``"1"``, ``"0.5"``; matched against a space's values as Kernel Tuner writes
-    them in its cache keys)."""
+    them in its cache keys). No values (``--fix NAME``): each of the space's own values of
+    ``name`` that has a recorded time."""
 
     name: str
     values: tuple[str, ...]
 
 
 def parse_fix(text: str) -> Fix:
-    """``NAME=V1[,V2...]`` as a :class:`Fix`; a UserError naming ``--fix`` and the form otherwise."""
+    """``NAME=V1[,V2...]`` or ``NAME`` (every value) as a :class:`Fix`; a UserError naming ``--fix``
+    and the form otherwise."""
     name, sep, values = text.partition("=")
-    parts = tuple(value.strip() for value in values.split(","))
-    if not sep or not name.strip() or not all(parts):
-        raise UserError(f"--fix {text!r}: expected NAME=VALUE or NAME=V1,V2,... (a parameter of the space and "
-                        f"values it takes), e.g. --fix use_shmem=1")
+    parts = tuple(value.strip() for value in values.split(",")) if sep else ()
+    if not name.strip() or (sep and not all(parts)):
+        raise UserError(f"--fix {text!r}: expected NAME, NAME=VALUE or NAME=V1,V2,... (a parameter of the space and "
+                        f"values it takes), e.g. --fix use_shmem=1 or --fix use_shmem for each of its values")
     return Fix(name.strip(), parts)
 
 
@@ -74,7 +78,8 @@ def slice_space(space: RecordedSpace, held: Sequence[tuple[str, str]]) -> Record
 
 def sliced(spaces: Sequence[RecordedSpace], fixes: Sequence[Fix]) -> list[RecordedSpace]:
     """Every slice of ``spaces`` that ``fixes`` name: per space, one for each combination of one
-    value per :class:`Fix` (``--fix a=1,2 --fix b=0`` gives ``[a=1,b=0]`` and ``[a=2,b=0]``).
+    value per :class:`Fix` (``--fix a=1,2 --fix b=0`` gives ``[a=1,b=0]`` and ``[a=2,b=0]``;
+    where some :class:`Fix` names no values, a combination without a recorded time is left out).
     A space that lacks one of the parameters is left out (a folder may hold other kernels); a
     UserError when no space has them all, or as :func:`slice_space` raises."""
     if not fixes:
@@ -86,5 +91,21 @@ def sliced(spaces: Sequence[RecordedSpace], fixes: Sequence[Fix]) -> list[Record
     if not having:
         raise UserError(f"--fix: no space has the parameter(s) {', '.join(names)} (their parameters: "
                         f"{'; '.join(', '.join(space.space.names) for space in spaces)})")
-    combinations = list(itertools.product(*[[(fix.name, value) for value in fix.values] for fix in fixes]))
-    return [slice_space(space, held) for space in having for held in combinations]
+    out = []
+    for space in having:
+        for held in itertools.product(*[[(fix.name, value) for value in _values(space, fix)] for fix in fixes]):
+            if all(fix.values for fix in fixes) or _timed(space, held):
+                out.append(slice_space(space, held))
+    return out
+
+
+def _values(space: RecordedSpace, fix: Fix) -> tuple[str, ...]:
+    """The values ``fix`` holds in ``space``: those it names, else every value of the space's own."""
+    return fix.values or tuple(str(value) for value in dict(space.space.params)[fix.name])
+
+
+def _timed(space: RecordedSpace, held: Sequence[tuple[str, str]]) -> bool:
+    """Whether some configuration of ``space`` with the ``held`` values (as written) has a recorded time."""
+    index = [(space.space.names.index(name), text) for name, text in held]
+    return any(isinstance(value, float) and all(str(key[i]) == text for i, text in index)
+               for key, value in space.records.items())
