@@ -331,3 +331,7 @@ def test_the_tried_warm_start_variants_tables_are_their_stored_runs():
             figures.append(statistics.geometric_mean([to_1pct(runs[n]) / to_1pct(shipped[n]) for n in subset]))
     assert (f"same seeds: {figures[0]:.2f} against {figures[1]:.2f}, and on the W7800's seven "
             f"{figures[2]:.2f} against {figures[3]:.2f}") in text
+    joint = _load(f"{folder}/parzen-multivariate.json.gz")  # the Parzen member over the parameters jointly
+    ratios = [to_1pct(joint[n]) / to_1pct(shipped[n]) for n in names]
+    assert (f"the geometric mean was {statistics.geometric_mean(ratios):.3f}, better on "
+            f"{sum(r < 1 for r in ratios)} and worse on {sum(r > 1 for r in ratios)}") in text
