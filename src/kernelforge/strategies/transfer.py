@@ -73,8 +73,8 @@ def other_recordings(source: RecordedSpace, spaces: Iterable[RecordedSpace], pat
     order: the targets of ``--warm-from path``. Raises UserError when there is none."""
     targets = [space for space in spaces if same_kernel(source, space)]
     if not targets:
-        raise UserError(f"--warm-from {path}: the spaces to bench hold no other recording of its kernel (a cache "
-                        f"with the same parameters: {', '.join(source.space.names)}); give another GPU's cache of it")
+        raise UserError(f"--warm-from {path}: no space to bench is another recording of its kernel (the same "
+                        f"parameters: {', '.join(source.space.names)}); give another GPU's cache of that kernel")
     return targets
 
 
