@@ -158,6 +158,9 @@ def with_llm(job, mode: str | None, model: str | None, key_env: str | None):
               help="Parallel processes, one run each at a time (default: the CPU count); the figures do not depend on it.")
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), metavar="FILE",
               help="Also write every figure and each run's raw data as JSON to FILE.")
+@click.option("--markdown", "markdown_path", default=None, type=click.Path(dir_okay=False), metavar="FILE",
+              help="Also write one Markdown table per metric over every space (evaluations to 1%, best/optimum at "
+                   "each checkpoint, area), each figure with its 95% interval, to FILE.")
 @click.option("--warm-from", "warm_from", default=None, type=click.Path(dir_okay=False), metavar="SPACE",
               help="A cache file of the same kernel on another GPU: every run first asks its best-ranked points "
                    "(ranks, not times; as many as a search's --warm-start, in its spread order). Only PATH's spaces "
@@ -168,20 +171,22 @@ def with_llm(job, mode: str | None, model: str | None, key_env: str | None):
                    "repeat for several parameters: a slice per combination). Spaces without NAME are left out.")
 def strategy_bench(path: str, strategies: str | None, seeds: int, first_seed: int, stop: bool, budget: int,
                    jobs: int | None, json_path: str | None, warm_from: str | None = None,
-                   fixes: tuple[str, ...] = ()) -> None:
+                   fixes: tuple[str, ...] = (), markdown_path: str | None = None) -> None:
     """Compare search strategies on recorded tuning spaces: PATH is a Kernel Tuner cache file, or a
     folder whose every *.json / *.json.gz is one. Per space and strategy, over SEEDS seeds: evaluations
     to get within 1%, 5% and 10% of the optimum, best/optimum after 10-200 evaluations and the area
     under that curve, time per ask.
     Configurations absent from a cache are infeasible (never asked, never counted); recorded failures
     count as evaluations."""
+    from kernelforge.strategies.bench.markdown import format_markdown
     from kernelforge.strategies.bench.run import bench_spaces, default_strategies
     from kernelforge.strategies.bench.report import format_space, format_summary, write_json
     from kernelforge.strategies.bench.recorded import cache_files, load_kernel_tuner_cache
     from kernelforge.strategies.bench.slices import parse_fix, sliced
 
-    if json_path is not None and not Path(json_path).resolve().parent.is_dir():
-        raise UserError(f"--json {json_path}: its folder does not exist; create it or choose another path")
+    for option, target in (("--json", json_path), ("--markdown", markdown_path)):
+        if target is not None and not Path(target).resolve().parent.is_dir():
+            raise UserError(f"{option} {target}: its folder does not exist; create it or choose another path")
     spaces = [load_kernel_tuner_cache(file) for file in cache_files(path)]
     warm = None
     if warm_from is not None:
@@ -198,6 +203,8 @@ def strategy_bench(path: str, strategies: str | None, seeds: int, first_seed: in
         click.echo(format_space(result) + "\n")
         if json_path is not None:
             write_json(results, json_path)  # after every space: a cut-short bench keeps what it measured
+        if markdown_path is not None:
+            Path(markdown_path).write_text(format_markdown(results))
     summary = format_summary(results)
     if summary and len(results[0].rows) > 1:
         click.echo(summary)

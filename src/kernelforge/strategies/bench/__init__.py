@@ -7,6 +7,7 @@
 - :mod:`.stats`: percentiles and bootstrap intervals.
 - :mod:`.compare`: each strategy against TPE, in evaluations to 1% and at each checkpoint.
 - :mod:`.report`: the bench's tables, the summary against TPE and the JSON file.
+- :mod:`.markdown`: one Markdown table per metric over every space, for a write-up.
 """
 
-__all__ = ["recorded", "slices", "run", "anytime", "stats", "compare", "report"]
+__all__ = ["recorded", "slices", "run", "anytime", "stats", "compare", "report", "markdown"]
