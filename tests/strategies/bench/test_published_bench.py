@@ -346,6 +346,9 @@ def test_the_tried_warm_start_variants_tables_are_their_stored_runs():
             f"{statistics.geometric_mean(kernels['dedispersion_W6600']):.2f}, pnpoly "
             f"{statistics.geometric_mean(kernels['pnpoly_RTX_2080_Ti']):.2f}, gemm "
             f"{statistics.geometric_mean(kernels['gemm_RTX_Titan']):.2f}") in text
+    gammas = [statistics.geometric_mean([to_1pct(runs[n]) / to_1pct(shipped[n]) for n in names])
+              for runs in (_load(f"{folder}/parzen-gamma{g}.json.gz") for g in ("0.10", "0.25"))]
+    assert f"geometric means {gammas[0]:.3f} and {gammas[1]:.3f} against the shipped 0.15" in text
     joint = _load(f"{folder}/parzen-multivariate.json.gz")  # the Parzen member over the parameters jointly
     ratios = [to_1pct(joint[n]) / to_1pct(shipped[n]) for n in names]
     assert (f"the geometric mean was {statistics.geometric_mean(ratios):.3f}, better on "
