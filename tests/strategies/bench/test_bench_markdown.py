@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from kernelforge.cli.main import main
 from kernelforge.strategies.bench.markdown import format_markdown
+from markdown_tables import markdown_tables
 
 PARAMS = {"bx": [16, 32, 48, 64, 96, 128], "tile": [1, 2, 3, 4], "flag": [0, 1]}
 
@@ -36,24 +37,13 @@ def bench(tmp_path_factory):
     return json.loads((out / "b.json").read_text()), (out / "b.md").read_text()
 
 
-def tables(text: str) -> list[list[list[str]]]:
-    found, rows = [], []
-    for line in text.splitlines() + [""]:
-        if line.startswith("|"):
-            rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
-        elif rows:
-            found.append(rows)
-            rows = []
-    return found
-
-
 def interval(value: float, bounds: list[float]) -> str:
     return f"{value:.3f} ({bounds[0]:.3f}-{bounds[1]:.3f})"
 
 
 def test_each_metric_is_one_table_over_the_spaces_with_the_runs_figures(bench):
     data, text = bench
-    evaluations, checkpoints, areas = tables(text)
+    evaluations, checkpoints, areas = markdown_tables(text)
     assert evaluations[0] == ["space", "feasible of grid", "auto", "tpe", "random", "auto / tpe", "95% interval"]
     assert [row[0] for row in evaluations[2:]] == ["k_a (GPU A)", "k_b (GPU B)"]
     expected_checkpoints = []
@@ -87,7 +77,7 @@ def test_without_the_reference_no_fraction_is_shown_and_a_stop_is_said(tmp_path)
     assert result.exit_code == 0, result.output
     text = out.read_text()
     assert "runs stopped within 1%: past a stop, the best at the stop" in text
-    evaluations, checkpoints, areas = tables(text)
+    evaluations, checkpoints, areas = markdown_tables(text)
     assert evaluations[0] == ["space", "feasible of grid", "grid", "random"]
     assert checkpoints[0] == ["space", "evaluations", "grid", "random"] and areas[0] == ["space", "grid", "random"]
     assert format_markdown([]) == ""

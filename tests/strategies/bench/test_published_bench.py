@@ -13,6 +13,7 @@ import pytest
 
 from kernelforge.strategies.bench import anytime
 from kernelforge.strategies.bench.run import fraction_interval
+from markdown_tables import markdown_tables
 
 REPORT = Path(__file__).resolve().parents[3] / "reports" / "strategy-bench"
 README = REPORT / "README.md"
@@ -37,14 +38,7 @@ def _section(title: str) -> str:
 
 def _tables(text: str) -> list[list[list[str]]]:
     """Each Markdown table of ``text``: its body rows, each a list of stripped cells."""
-    tables, rows = [], []
-    for line in text.splitlines() + [""]:
-        if line.startswith("|"):
-            rows.append([c.strip() for c in line.strip().strip("|").split("|")])
-        elif rows:
-            tables.append(rows[2:])  # the header and the |---| line
-            rows = []
-    return tables
+    return [rows[2:] for rows in markdown_tables(text)]  # without the header and the |---| line
 
 
 def _load(name: str) -> dict:
