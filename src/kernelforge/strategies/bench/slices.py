@@ -53,6 +53,19 @@ def slice_space(space: RecordedSpace, held: Sequence[tuple[str, str]]) -> Record
     """The slice of ``space`` where each ``(name, value)`` of ``held`` holds. Raises UserError
     naming the space and the parameter when the space lacks it or a value is not one of its values
     (listing them), or when no configuration of the slice has a recorded time."""
+    typed, records = _held_records(space, held)
+    label = ",".join(f"{name}={text}" for name, text in held)
+    if not _timed(records):
+        raise UserError(f"--fix {label}: no configuration of {space.name} with these values has a recorded time; "
+                        f"hold other values")
+    params = tuple((name, (typed[name],) if name in typed else values) for name, values in space.space.params)
+    return replace(space, name=f"{space.name}[{label}]", records=records,
+                   space=replace(space.space, params=params, feasible=frozenset(records)))
+
+
+def _held_records(space: RecordedSpace, held: Sequence[tuple[str, str]]) -> tuple[dict[str, Any], dict]:
+    """The ``held`` values as the space's own (matched as written), and the records that take them;
+    UserError as :func:`slice_space` says for a parameter or value the space does not have."""
     space_values = dict(space.space.params)
     index = {name: i for i, name in enumerate(space.space.names)}
     typed: dict[str, Any] = {}
@@ -67,13 +80,12 @@ def slice_space(space: RecordedSpace, held: Sequence[tuple[str, str]]) -> Record
         typed[name] = match[0]
     records = {key: value for key, value in space.records.items()
                if all(key[index[name]] == value for name, value in typed.items())}
-    label = ",".join(f"{name}={text}" for name, text in held)
-    if not any(isinstance(value, float) for value in records.values()):
-        raise UserError(f"--fix {label}: no configuration of {space.name} with these values has a recorded time; "
-                        f"hold other values")
-    params = tuple((name, (typed[name],) if name in typed else values) for name, values in space.space.params)
-    return replace(space, name=f"{space.name}[{label}]", records=records,
-                   space=replace(space.space, params=params, feasible=frozenset(records)))
+    return typed, records
+
+
+def _timed(records: dict) -> bool:
+    """Whether some configuration of ``records`` has a recorded time (not only failures)."""
+    return any(isinstance(value, float) for value in records.values())
 
 
 def sliced(spaces: Sequence[RecordedSpace], fixes: Sequence[Fix]) -> list[RecordedSpace]:
@@ -94,7 +106,7 @@ def sliced(spaces: Sequence[RecordedSpace], fixes: Sequence[Fix]) -> list[Record
     out = []
     for space in having:
         for held in itertools.product(*[[(fix.name, value) for value in _values(space, fix)] for fix in fixes]):
-            if all(fix.values for fix in fixes) or _timed(space, held):
+            if all(fix.values for fix in fixes) or _timed(_held_records(space, held)[1]):
                 out.append(slice_space(space, held))
     return out
 
@@ -102,10 +114,3 @@ def sliced(spaces: Sequence[RecordedSpace], fixes: Sequence[Fix]) -> list[Record
 def _values(space: RecordedSpace, fix: Fix) -> tuple[str, ...]:
     """The values ``fix`` holds in ``space``: those it names, else every value of the space's own."""
     return fix.values or tuple(str(value) for value in dict(space.space.params)[fix.name])
-
-
-def _timed(space: RecordedSpace, held: Sequence[tuple[str, str]]) -> bool:
-    """Whether some configuration of ``space`` with the ``held`` values (as written) has a recorded time."""
-    index = [(space.space.names.index(name), text) for name, text in held]
-    return any(isinstance(value, float) and all(str(key[i]) == text for i, text in index)
-               for key, value in space.records.items())
