@@ -97,7 +97,7 @@ def _checkpoints(results: Sequence[SpaceBench], names: list[str], compared: list
     rows = []
     for result in results:
         by_name, rels = _rows_of(result), _relatives(result)
-        for c, _ in by_name[names[0]].median_best_ratio_at.items():
+        for c in by_name[names[0]].median_best_ratio_at:
             row = [_label(result), str(c)]
             for name in names:
                 found = by_name[name]
@@ -115,7 +115,9 @@ def _checkpoints(results: Sequence[SpaceBench], names: list[str], compared: list
 
 
 def _areas(results: Sequence[SpaceBench], names: list[str]) -> str:
-    rows = [[_label(result), *(_with_interval(_rows_of(result)[n].area, _rows_of(result)[n].area_interval)
-                               for n in names)] for result in results]
+    rows = []
+    for result in results:
+        by_name = _rows_of(result)
+        rows.append([_label(result), *(_with_interval(by_name[n].area, by_name[n].area_interval) for n in names)])
     return ("**Area under the anytime curve** (mean optimum/best over the budget; 1.0: the optimum from the "
             f"first evaluation) with its {LEVEL:.0%} interval\n\n" + _table(["space", *names], rows))
