@@ -11,7 +11,7 @@ import statistics
 import numpy as np
 
 from kernelforge.space import Space
-from kernelforge.strategies.auto.portfolio import MEMBERS, member_odds
+from kernelforge.strategies.auto.portfolio import MEMBERS, basin_leaders, member_odds
 from kernelforge.strategies.auto.strategy import AutoStrategy
 from kernelforge.strategies.names import make_strategy
 from kernelforge.strategies.auto.parzen import ParzenRatio
@@ -284,6 +284,42 @@ def test_the_local_member_moves_each_parameter_once_before_any_twice():
     # Without the spread, the moves go where the expected improvement is highest, along one
     # parameter again before another is tried.
     assert not all(local_asks(spread=False, count=12))
+
+
+def test_basin_leaders_are_the_points_no_better_point_is_one_move_from():
+    codes = np.array([[0, 0, 0],   # the best: always a leader
+                      [0, 0, 1],   # one move from the best
+                      [2, 2, 2],   # another basin's best
+                      [2, 2, 0],   # one move from it
+                      [1, 1, 1]])  # two moves from every better point: a basin of its own
+    assert basin_leaders(codes) == [0, 2, 4]
+    assert basin_leaders(codes[:1]) == [0]
+
+
+def local_move_of(stall: int | None, told: list[tuple[dict, float]], parents: list[dict]) -> dict:
+    """Which of ``parents`` the ``local`` member's next ask on :func:`mixed_space` is a
+    one-parameter move of, after ``told``, with :attr:`AutoStrategy.stall` at ``stall``."""
+    strategy = AutoStrategy(mixed_space(), seed=0)
+    strategy.stall = stall
+    strategy._choose_member = lambda: "local"  # noqa: SLF001 - the member under test, every ask
+    for point, value in told:
+        strategy.tell(point, value)
+    point = strategy.ask()
+    (parent,) = [p for p in parents if sum(p[k] != point[k] for k in p) == 1]
+    return parent
+
+
+def test_a_stalled_local_member_moves_another_basins_best_point_first():
+    best, other = {"bx": 16, "tile": 1, "flag": 0}, {"bx": 256, "tile": 4, "flag": 1}
+    slow = [{"bx": bx, "tile": tile, "flag": flag}
+            for bx, tile, flag in ((128, 2, 0), (64, 3, 1), (96, 2, 1), (160, 3, 0), (192, 2, 0), (48, 3, 1))]
+    told = [(best, 1.0), (other, 2.0)] + [(p, 10.0) for p in slow]  # 7 results since the best
+    assert local_move_of(None, told, [best, other]) == best  # never stalls: the best point's moves
+    assert local_move_of(20, told, [best, other]) == best  # not stalled yet
+    assert local_move_of(5, told, [best, other]) == other  # stalled: the other basin's best first
+    # A new best ends the stall: its own moves come first again.
+    newer = {"bx": 16, "tile": 2, "flag": 0}
+    assert local_move_of(5, told + [(newer, 0.5)], [newer, other]) == newer
 
 
 def mixed_space() -> Space:

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+import numpy as np
+
 from kernelforge.strategies.base import Key
 
-__all__ = ["MEMBERS", "member_odds", "untried_directions"]
+__all__ = ["MEMBERS", "basin_leaders", "member_odds", "untried_directions"]
 
 #: The portfolio's members: the GP's expected improvement, the Parzen ratio, the local search.
 MEMBERS = ("gp", "parzen", "local")
@@ -49,3 +51,13 @@ def untried_directions(parent: Key, moves: Sequence[Key], seen: Iterable[Key]) -
     counts = [tried[direction(key)] for key in moves]
     fewest = min(counts)
     return [key for key, count in zip(moves, counts) if count == fewest]
+
+
+def basin_leaders(codes: np.ndarray) -> list[int]:
+    """The rows of ``codes`` (told points as value positions, one row a point, the best first) that
+    no better row is one parameter away from, best first: the best point of each basin told so
+    far, row 0 (the best) always among them. Once the search has stalled, the local member takes
+    its parents from these, the other basins' first (:attr:`AutoStrategy.stall`)."""
+    codes = np.asarray(codes)
+    neighbours = (codes[:, None, :] != codes[None, :, :]).sum(axis=2) == 1
+    return [i for i in range(len(codes)) if not neighbours[i, :i].any()]

@@ -29,7 +29,11 @@ members expects the most:
      along them from that point), the most promising of those by the GP's expected improvement
      times the chance to run (3): the move next to the optimum is never left untried because a
      model wrote it off, nor queued behind every other value of a wide parameter
-     (:attr:`AutoStrategy.spread_moves`);
+     (:attr:`AutoStrategy.spread_moves`); once ``stall`` results in a row brought no new best,
+     the moves of the best point of each other basin come first
+     (:func:`~kernelforge.strategies.auto.portfolio.basin_leaders`): a search that has mined one
+     basin for a while looks near the others' best before it goes on there
+     (:attr:`AutoStrategy.stall`);
 
 3. failures (told ``None``) and points found infeasible before the device ran them
    (:meth:`~kernelforge.strategies.base.Strategy.infeasible`) train a second GP on "it failed";
@@ -59,7 +63,7 @@ import numpy as np
 from kernelforge.space import Space
 from kernelforge.strategies.base import Key, Strategy
 from kernelforge.strategies.auto.parzen import ParzenRatio
-from kernelforge.strategies.auto.portfolio import MEMBERS, member_odds, untried_directions
+from kernelforge.strategies.auto.portfolio import MEMBERS, basin_leaders, member_odds, untried_directions
 from kernelforge.strategies.auto.surrogate import Encoder, GaussianProcess, expected_improvement, hashable, is_power_of_two
 
 
@@ -103,6 +107,11 @@ class AutoStrategy(Strategy):
     #: The local member tries each parameter of the best point once before any twice (see the
     #: module docstring, 2).
     spread_moves = True
+    #: After this many results in a row without a new best (failures not counted), the local member
+    #: moves the leaders of the other basins before the best point's (see the module docstring,
+    #: 2). Chosen on each half of the shared spaces and their slices, the same on both, and checked
+    #: on other seeds (the bench README, issue 34); None: never.
+    stall: int | None = 20
 
     def __init__(self, space: Space, *, seed: int = 0, baseline: Mapping | None = None,
                  transfer: Mapping[Key, float] | None = None):
@@ -140,6 +149,7 @@ class AutoStrategy(Strategy):
         self._owner: dict[Key, str] = {}  # pending point -> the member that proposed it
         self._gains: deque[tuple[str, float]] = deque(maxlen=self.window)
         self._best: float | None = None  # best told objective (log scale when positive)
+        self._since_best = 0  # results told since the best last improved
         self.last_ask_work = 0.0  #: the fit work (:attr:`ask_work`) the last ask spent
 
     # -- helpers ----------------------------------------------------------------------------------
@@ -269,7 +279,11 @@ class AutoStrategy(Strategy):
             # The model is for finding the best: every point worse than the median is told the
             # median, so a few very slow configurations do not shape it.
             y = np.minimum(y, np.median(y))
-        best_keys = [ok[i] for i in np.argsort(y)[: self.parents]]
+        order = np.argsort(y)
+        best_keys = [ok[i] for i in order[: self.parents]]
+        if member == "local" and self.stall is not None and self._since_best >= self.stall:
+            leaders = [ok[order[i]] for i in basin_leaders(self._codes([ok[i] for i in order]))]
+            best_keys = leaders[1: self.parents + 1] + leaders[:1]
         failed = [k for k, v in self.known.items() if v is None]
         believed = sorted(self.pending)
         if member == "local":
@@ -371,8 +385,10 @@ class AutoStrategy(Strategy):
         if member is not None:
             gain = 0.0 if self._best is None else max(0.0, self._best - scored)
             self._gains.append((member, gain))
+        self._since_best += 1
         if self._best is None or scored < self._best:
             self._best = scored
+            self._since_best = 0
 
     def _learn_infeasible(self, key: Key, reason: str) -> None:
         member = self._owner.pop(key, None)
