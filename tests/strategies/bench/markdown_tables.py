@@ -14,3 +14,10 @@ def markdown_tables(text: str) -> list[list[list[str]]]:
             tables.append(rows)
             rows = []
     return tables
+
+
+def section(text: str, title: str) -> str:
+    """The part of ``text`` from the '## ' heading that starts with ``title`` to the next one."""
+    start = text.index(f"\n## {title}")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end > 0 else len(text)]

@@ -13,7 +13,7 @@ import pytest
 
 from kernelforge.strategies.bench import anytime
 from kernelforge.strategies.bench.run import fraction_interval
-from markdown_tables import markdown_tables
+from markdown_tables import markdown_tables, section
 
 REPORT = Path(__file__).resolve().parents[3] / "reports" / "strategy-bench"
 README = REPORT / "README.md"
@@ -30,10 +30,7 @@ LABELS = {"convolution_A4000": "convolution (RTX A4000)", "convolution_W7800": "
 
 def _section(title: str) -> str:
     """The README's text from the '## ' heading that starts with ``title`` to the next heading."""
-    text = README.read_text()
-    start = text.index(f"\n## {title}")
-    end = text.find("\n## ", start + 1)
-    return text[start:end if end > 0 else len(text)]
+    return section(README.read_text(), title)
 
 
 def _tables(text: str) -> list[list[list[str]]]:
