@@ -90,3 +90,23 @@ def test_the_warm_table_is_its_stored_runs():
     assert f"{min(n for n in after if n > 43)}-{max(after)} ({min(n for n in before if n > 43)}-{max(before)} before)" in text
     rounds = runs("warm-given-rounds1")
     assert f"{statistics.median(rounds[trap]['to_1pct']):g} on the trap" in text
+
+
+def test_the_slices_against_tpe_are_the_stored_runs():
+    """This auto's seeds 0-19 on the slices against tpe's stored runs of the slices section."""
+    tpe = {}
+    for path in (FOLDER.parent / "slices-2026-12-07").glob("*.json.gz"):
+        for space in json.loads(gzip.open(path).read())["spaces"]:
+            assert space["seeds"] == 20
+            tpe[space["space"]] = next(s for s in space["strategies"] if s["strategy"] == "tpe")["median_evaluations"]["0.01"]
+    stall = runs("cold-20-0-39")
+    assert len(tpe) == 27 and set(tpe) <= set(stall)
+    auto = {n: statistics.median(k if k is not None else 301 for k in stall[n]["to_1pct"][:20]) for n in tpe}
+    slow = [n for n in tpe if tpe[n] > 30]
+    worse = [n for n in slow if auto[n] > tpe[n]]
+    text = " ".join(TEXT.split())
+    assert (f"tpe needs more than 30 evaluations ({len(slow)} slices), `auto`'s median is at most two thirds of "
+            f"tpe's on {sum(auto[n] <= 2 / 3 * tpe[n] for n in slow)}, as before, and worse than tpe's on {len(worse)}"
+            ) in text
+    assert worse == ["convolution_A4000[read_only=1]"]
+    assert f"`read_only=1`: {auto[worse[0]]:g} against {tpe[worse[0]]:g})" in text
