@@ -29,11 +29,9 @@ members expects the most:
      along them from that point), the most promising of those by the GP's expected improvement
      times the chance to run (3): the move next to the optimum is never left untried because a
      model wrote it off, nor queued behind every other value of a wide parameter
-     (:attr:`AutoStrategy.spread_moves`); once ``stall`` results in a row brought no new best,
-     the moves of the best point of each other basin come first
-     (:func:`~kernelforge.strategies.auto.portfolio.basin_leaders`): a search that has mined one
-     basin for a while looks near the others' best before it goes on there
-     (:attr:`AutoStrategy.stall`);
+     (:attr:`AutoStrategy.spread_moves`); after ``stall`` results without a new best, it moves
+     the best point of each other basin first (:func:`~kernelforge.strategies.auto.portfolio.basin_leaders`),
+     then the best point's again (:attr:`AutoStrategy.stall`);
 
 3. failures (told ``None``) and points found infeasible before the device ran them
    (:meth:`~kernelforge.strategies.base.Strategy.infeasible`) train a second GP on "it failed";
@@ -108,9 +106,8 @@ class AutoStrategy(Strategy):
     #: module docstring, 2).
     spread_moves = True
     #: After this many results in a row without a new best (failures not counted), the local member
-    #: moves the leaders of the other basins before the best point's (see the module docstring,
-    #: 2). Chosen on each half of the shared spaces and their slices, the same on both, and checked
-    #: on other seeds (the bench README, issue 34); None: never.
+    #: moves the other basins' leaders first (module docstring, 2). Both halves of the shared spaces
+    #: and their slices chose 20 of 10, 20, 30; checked on other seeds (bench README); None: never.
     stall: int | None = 20
 
     def __init__(self, space: Space, *, seed: int = 0, baseline: Mapping | None = None,
