@@ -18,7 +18,9 @@ from markdown_tables import markdown_tables, section
 REPORT = Path(__file__).resolve().parents[3] / "reports" / "strategy-bench"
 README = REPORT / "README.md"
 #: The sections with one table per metric (the shipped auto's first): title, bench file, transfer files.
-HEADLINES = (("The shipped auto, one table per metric", "bench-2026-12-07.json.gz",
+HEADLINES = (("The shipped auto, one table per metric", "bench-2026-12-07-stall.json.gz",
+              "transfer-2026-12-07-stall-200seeds-{kind}-{target}.json.gz"),
+             ("The eighth session's auto, one table per metric", "bench-2026-12-07.json.gz",
               "transfer-2026-12-07-200seeds-{kind}-{target}.json.gz"),
              ("The seventh session's auto, one table per metric", "bench-2026-12-06.json.gz",
               "transfer-2026-12-06-200seeds-{kind}-{target}.json.gz"))
@@ -88,7 +90,7 @@ def test_the_first_bench_table_is_its_stored_run():
     assert f"--seeds {data['spaces'][0]['seeds']} --budget {data['spaces'][0]['budget']}" in section
 
 
-@pytest.fixture(scope="module", params=HEADLINES, ids=["shipped", "seventh"])
+@pytest.fixture(scope="module", params=HEADLINES, ids=["shipped", "eighth", "seventh"])
 def headline(request) -> tuple[dict, list[list[list[str]]], str, str]:
     title, bench, transfers = request.param
     section = _section(title)
@@ -140,7 +142,7 @@ TRANSFERS = (*((title, transfers) for title, _, transfers in HEADLINES),
              ("Transfer and anytime figures", "transfer-2026-12-06-{kind}-{target}.json"))
 
 
-@pytest.mark.parametrize("title, pattern", TRANSFERS, ids=["shipped", "seventh", "first"])
+@pytest.mark.parametrize("title, pattern", TRANSFERS, ids=["shipped", "eighth", "seventh", "first"])
 def test_a_transfer_table_is_its_stored_runs(title: str, pattern: str):
     """A cold/warm table (issue 34) is what its four stored transfer runs give."""
     tables = [t for t in _tables(_section(title)) if t and re.fullmatch(r"convolution \w+ \(from \w+\)", t[0][0])]
