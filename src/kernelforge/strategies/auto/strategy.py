@@ -30,8 +30,8 @@ members expects the most:
      times the chance to run (3): the move next to the optimum is never left untried because a
      model wrote it off, nor queued behind every other value of a wide parameter
      (:attr:`AutoStrategy.spread_moves`); after ``stall`` results without a new best, it moves
-     the best point of each other basin first (:func:`~kernelforge.strategies.auto.portfolio.basin_leaders`),
-     then the best point's again (:attr:`AutoStrategy.stall`);
+     the other basins' best points first, the best of them first, and the best point's last
+     (:func:`~kernelforge.strategies.auto.portfolio.basin_leaders`, :attr:`AutoStrategy.stall`);
 
 3. failures (told ``None``) and points found infeasible before the device ran them
    (:meth:`~kernelforge.strategies.base.Strategy.infeasible`) train a second GP on "it failed";
