@@ -110,3 +110,18 @@ def test_the_slices_against_tpe_are_the_stored_runs():
             ) in text
     assert worse == ["convolution_A4000[read_only=1]"]
     assert f"`read_only=1`: {auto[worse[0]]:g} against {tpe[worse[0]]:g})" in text
+
+
+def test_the_later_variants_are_their_stored_runs():
+    none, stall = runs("cold-none-0-39"), runs("cold-20-0-39")
+    text = " ".join(TEXT.split())
+
+    def mean(variant: dict, base: dict, names) -> str:
+        return f"{statistics.geometric_mean([to_1pct(variant[n]) / to_1pct(base[n]) for n in names]):.3f}"
+
+    margin, alternate = runs("cold-20-margin-0-39"), runs("cold-20-alternate-0-39")
+    assert f"geometric mean {mean(margin, stall, stall)} of stall 20's evaluations to 1%" in text
+    halves = [[n for n in none if n.startswith(HALF_A) == (half == "A")] for half in "AB"]
+    assert (f"in turn: {mean(alternate, none, none)} of none's, as stall 20, but {mean(alternate, none, halves[0])} "
+            f"on half A and {mean(alternate, none, halves[1])} on half B") in text
+    assert mean(stall, none, none) == mean(alternate, none, none)
