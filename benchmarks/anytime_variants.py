@@ -40,7 +40,7 @@ from kernelforge.strategies.bench import anytime  # noqa: E402
 from kernelforge.strategies.bench.recorded import load_kernel_tuner_cache  # noqa: E402
 from kernelforge.strategies.bench.run import run_one  # noqa: E402
 from kernelforge.strategies.bench.slices import parse_fix, sliced  # noqa: E402
-from kernelforge.strategies.transfer import other_recordings, rank_scores, warm_points  # noqa: E402
+from kernelforge.strategies.transfer import other_recordings, warm_start  # noqa: E402
 
 CHECKS = (10, 25, 50, 100)
 
@@ -79,9 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     with ProcessPoolExecutor(args.jobs, initializer=_apply, initargs=(settings,)) as pool:
         for space in spaces:
-            warm = {} if source is None else {"first": warm_points(source, space),
-                                               "transfer": rank_scores(source, space)}
-            run = partial(run_one, space, args.strategy, budget=args.budget, stop=args.stop, **warm)
+            warm = warm_start(source, space)
+            run = partial(run_one, space, args.strategy, budget=args.budget, stop=args.stop, first=warm.first,
+                          transfer=warm.transfer)
             runs = list(pool.map(run, seeds))
             _report(space, runs, label, seeds, args)
     return 0

@@ -27,8 +27,9 @@ scores 1). ``auto`` reads it as one more input of its Gaussian processes
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Any, Callable, Hashable, Iterable, Sequence, TypeVar
+from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence, TypeVar
 
 from kernelforge.errors import UserError
 from kernelforge.strategies.bench.recorded import RecordedSpace
@@ -96,6 +97,24 @@ def warm_points(source: RecordedSpace, target: RecordedSpace, limit: int = DEFAU
         if target.key(point) in target.records:  # recorded there: a feasible point of the target
             feasible.append({name: point[name] for name in target.space.names})
     return spread(feasible, limit, key=lambda point: tuple(point.values()))
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """What a run on one recorded space takes from another GPU's recording of its kernel: the points
+    it asks first (:func:`warm_points`) and every configuration's rank score there
+    (:func:`rank_scores`). The default is a cold start: no points, no scores."""
+
+    first: tuple[dict[str, Any], ...] = ()
+    transfer: Mapping[tuple[Any, ...], float] | None = None
+
+
+def warm_start(source: RecordedSpace | None, target: RecordedSpace) -> WarmStart:
+    """The warm start of a run on ``target`` from ``source`` (None: a cold start), the one rule the
+    strategy bench and the development loop share. Raises UserError as :func:`warm_points` does."""
+    if source is None:
+        return WarmStart()
+    return WarmStart(first=tuple(warm_points(source, target)), transfer=rank_scores(source, target))
 
 
 def _ranked(source: RecordedSpace) -> list[tuple[Any, ...]]:

@@ -19,7 +19,7 @@ from kernelforge.strategies.bench.run import bench, bench_spaces, run_one
 from kernelforge.strategies.bench.report import format_summary, to_json
 from kernelforge.strategies.bench.recorded import load_kernel_tuner_cache
 from kernelforge.strategies.names import make_strategy
-from kernelforge.strategies.transfer import rank_scores, warm_points
+from kernelforge.strategies.transfer import WarmStart, rank_scores, warm_points, warm_start
 
 
 def write_cache(path: Path, params: dict, records: dict, device: str = "GPU A") -> Path:
@@ -120,6 +120,15 @@ def test_warm_points_carry_the_source_ranks_feasible_in_the_target(pair):
         warm_points(source, other)
     with pytest.raises(UserError, match="not another recording"):
         warm_points(source, source)
+
+
+def test_a_warm_start_is_the_points_and_the_scores_and_none_is_cold(pair):
+    source, target, other = pair
+    warm = warm_start(source, target)
+    assert warm.first == tuple(warm_points(source, target)) and warm.transfer == rank_scores(source, target)
+    assert warm_start(None, target) == WarmStart() and WarmStart().first == () and WarmStart().transfer is None
+    with pytest.raises(UserError, match="not another recording"):
+        warm_start(source, other)
 
 
 def test_a_warm_run_asks_the_ranked_points_first_and_counts_them(pair):

@@ -50,7 +50,7 @@ from kernelforge.strategies.bench.anytime import CHECKPOINTS, checkpoints
 from kernelforge.strategies.bench.stats import LEVEL, RESAMPLES, fraction_interval, percentile
 from kernelforge.strategies.names import STRATEGY_NAMES, make_strategy
 from kernelforge.strategies.bench.recorded import RecordedSpace
-from kernelforge.strategies.transfer import rank_scores, warm_points
+from kernelforge.strategies.transfer import WarmStart, warm_start
 
 #: Thresholds: "within 1%" means best <= optimum * 1.01.
 THRESHOLDS = (0.01, 0.05, 0.10)
@@ -235,8 +235,7 @@ def bench_spaces(
         space.optimum()  # a space with no recorded time: UserError now, not in a worker
     setup = _Setup(
         spaces=tuple(spaces), budget=budget, stop=stop,
-        firsts=tuple(tuple(warm_points(warm, space)) if warm is not None else () for space in spaces),
-        scores=tuple(rank_scores(warm, space) if warm is not None else None for space in spaces),
+        warm=tuple(warm_start(warm, space) for space in spaces),
     )
     for name in names if spaces else ():
         make_strategy(name, spaces[0].space, seed=0)
@@ -266,25 +265,24 @@ class _Task:
 
 @dataclass(frozen=True)
 class _Setup:
-    """What every run of one bench shares: the spaces, each with the points it asks first and the
-    rank scores it is given (both empty without a warm start), the budget and the stop rule."""
+    """What every run of one bench shares: the spaces, each with its warm start (cold without one),
+    the budget and the stop rule."""
 
     spaces: tuple[RecordedSpace, ...]
     budget: int
     stop: bool
-    firsts: tuple[tuple[Mapping[str, object], ...], ...]
-    scores: tuple[Mapping | None, ...]
+    warm: tuple[WarmStart, ...]
 
     def run(self, task: _Task) -> BenchRun:
         i = task.space
-        return run_one(self.spaces[i], task.strategy, task.seed, self.budget, stop=self.stop, first=self.firsts[i],
-                       transfer=self.scores[i])
+        return run_one(self.spaces[i], task.strategy, task.seed, self.budget, stop=self.stop,
+                       first=self.warm[i].first, transfer=self.warm[i].transfer)
 
 
 def _group(setup: _Setup, names: list[str], seeds: int, runs: Iterator[BenchRun], per_space: int,
            warm_name: str | None) -> Iterator[SpaceBench]:
     runs = iter(runs)
-    for space, first in zip(setup.spaces, setup.firsts):
+    for space, warm in zip(setup.spaces, setup.warm):
         done = [next(runs) for _ in range(per_space)]
         point, optimum = space.optimum()
         rows = tuple(
@@ -303,7 +301,7 @@ def _group(setup: _Setup, names: list[str], seeds: int, runs: Iterator[BenchRun]
             rows=rows,
             stopped=setup.stop,
             warm_from=warm_name,
-            warm_points=len(first),
+            warm_points=len(warm.first),
         )
 
 
