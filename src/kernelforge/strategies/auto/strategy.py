@@ -6,14 +6,12 @@ about; this strategy proposes only feasible points and spends each evaluation wh
 members expects the most:
 
 1. the baseline (and warm-start) points, then random feasible points until ``start`` are told,
-   the given ones among them (a warm start never delays the models), every other random one from
-   its *aligned* points: those where every size that offers
-   both powers of two and other values takes a power of two (a size: an integer parameter whose
-   values are all at least 1, such as convolution's block width 16..256 in steps of 16 and its
-   tile sizes 1..4; not a selector 0..3). GPU kernels are fast at powers of two far more often
-   than between them (warps, vector widths, aligned tiles, bank counts), so a fast region that
-   needs several sizes aligned at once is found there several times as often; the other half
-   keeps the start an unbiased sample (:attr:`AutoStrategy.aligned_start`);
+   the given ones among them (a warm start never delays the models), every other random one
+   *aligned*: every size with both powers of two and other values takes a power of two (a size:
+   an integer parameter with all values at least 1, such as a block width 16..256 in steps of 16;
+   not a selector 0..3). GPU kernels are fast at powers of two far more often than between them
+   (warps, vector widths, aligned tiles), so a fast region that needs several sizes aligned is
+   found there several times as often (:attr:`AutoStrategy.aligned_start`);
 2. then each ask goes to a member, drawn with odds that follow the members' recent rates of gain
    (how much their points improved the best, per point told, over the last ``window`` tells: a
    member is not favoured for having been asked often; at least ``floor`` each):
@@ -25,12 +23,10 @@ members expects the most:
    - ``parzen``: the same pool scored by a per-parameter ratio of the best to the rest
      (:mod:`kernelforge.strategies.auto.parzen`), robust where the GP smooths a needle away;
    - ``local``: the unseen one-parameter moves of the best point (then of the next best), each
-     parameter once before any twice (the moves along the parameters with the fewest points seen
-     along them from that point), the most promising of those by the GP's expected improvement
-     times the chance to run (3): the move next to the optimum is never left untried because a
-     model wrote it off, nor queued behind every other value of a wide parameter
-     (:attr:`AutoStrategy.spread_moves`); after ``stall`` results without a new best, it moves
-     the other basins' best points first, the best of them first, and the best point's last
+     parameter once before any twice, the most promising by the GP's expected improvement times
+     the chance to run (3): the move next to the optimum is never left untried because a model
+     wrote it off, nor queued behind every value of a wide parameter (:attr:`AutoStrategy.spread_moves`);
+     after ``stall`` results without a new best, the other basins' best points come first
      (:func:`~kernelforge.strategies.auto.portfolio.basin_leaders`, :attr:`AutoStrategy.stall`);
 
 3. failures (told ``None``) and points found infeasible before the device ran them
@@ -98,16 +94,15 @@ class AutoStrategy(Strategy):
     fit_steps = 40
     refit_steps = 15
     fit_subsample = 80
-    #: The most fit work one ask may do over both GPs, in Adam steps on ``fit_subsample`` points
-    #: (one refit's worth; ``surrogate.HyperFit``). A longer fit goes on at the next asks, the
-    #: models using their last finished fit meanwhile: an ask is bounded by work, not load.
+    #: The most fit work one ask may do over both GPs, in Adam steps on ``fit_subsample`` points (one
+    #: refit; ``surrogate.HyperFit``). A longer fit goes on at the next asks, the models using their
+    #: last finished fit meanwhile: an ask is bounded by work, not load.
     ask_work = 15.0
-    #: The local member tries each parameter of the best point once before any twice (see the
-    #: module docstring, 2).
+    #: The local member tries each parameter of a parent once before any twice (module docstring, 2).
     spread_moves = True
-    #: After this many results in a row without a new best (failures not counted), the local member
-    #: moves the other basins' leaders first (module docstring, 2). Both halves of the shared spaces
-    #: and their slices chose 20 of 10, 20, 30; checked on other seeds (bench README); None: never.
+    #: Results in a row without a new best (failures not counted) after which the local member moves
+    #: the other basins' leaders first (module docstring, 2): 20 of 10, 20, 30 on both halves of the
+    #: shared spaces and their slices, checked on other seeds (bench README); None: never.
     stall: int | None = 20
 
     def __init__(self, space: Space, *, seed: int = 0, baseline: Mapping | None = None,
@@ -171,13 +166,11 @@ class AutoStrategy(Strategy):
         return self.space.contains(self.point(key))
 
     def aligned(self, key: Key) -> bool:
-        """Whether every size that offers both powers of two and other values (:attr:`sizes`)
-        takes a power of two at ``key``; True where there is none."""
+        """Whether every size (:attr:`sizes`) takes a power of two at ``key`` (True without sizes)."""
         return all(is_power_of_two(key[p]) for p in self.sizes)
 
     def _random_unseen(self, count: int, *, aligned: bool = False) -> list[Key]:
-        """Up to ``count`` distinct unseen feasible points, drawn at random (``aligned``: from
-        the :meth:`aligned` ones only)."""
+        """Up to ``count`` distinct unseen feasible points at random (``aligned``: :meth:`aligned` ones)."""
         if self._feasible is not None:
             taken = np.zeros(len(self._feasible), dtype=bool)  # from known and pending: a withdrawn point is free again
             taken[[self._index[k] for k in (*self.known, *self.pending) if k in self._index]] = True
@@ -273,8 +266,7 @@ class AutoStrategy(Strategy):
         logged = bool((values > 0).all())
         y = np.log(values) if logged else values
         if self.clip and len(y) >= 8:
-            # The model is for finding the best: every point worse than the median is told the
-            # median, so a few very slow configurations do not shape it.
+            # Every point worse than the median is told the median (module docstring, 5).
             y = np.minimum(y, np.median(y))
         order = np.argsort(y)
         best_keys = [ok[i] for i in order[: self.parents]]
@@ -284,10 +276,8 @@ class AutoStrategy(Strategy):
         failed = [k for k, v in self.known.items() if v is None]
         believed = sorted(self.pending)
         if member == "local":
-            # The unseen neighbours of the best point (else of the next best...), the most
-            # promising first by expected improvement: a one-parameter move from the best is
-            # never left untried because a model wrote it off, only tried later. As for the
-            # other members, a move unlikely to run waits while a likely one is left.
+            # The first parent's unseen moves, the most promising first (module docstring, 2); as
+            # for the other members, a move unlikely to run waits while a likely one is left.
             for parent in best_keys:
                 moves = self._moves(parent)
                 if not moves:
