@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import statistics
+from functools import cache
 from pathlib import Path
 
 from markdown_tables import markdown_tables, section
@@ -17,8 +18,9 @@ HALF_A = ("convolution_A4000", "dedispersion", "pnpoly")
 VARIANTS = {"stall 10": "10", "stall 20": "20", "stall 30": "30", "stall 20, leaders in turn": "20-spread"}
 
 
+@cache
 def runs(name: str) -> dict[str, dict]:
-    """One stored run of the loop: its record per space, in the order it ran."""
+    """One stored run of the loop: its record per space, in the order it ran (read once)."""
     return {r["space"]: r for r in map(json.loads, gzip.open(FOLDER / f"{name}.jsonl.gz").read().splitlines())}
 
 

@@ -97,6 +97,7 @@ def _checkpoints(results: Sequence[SpaceBench], names: list[str], compared: list
     rows = []
     for result in results:
         by_name, rels = _rows_of(result), _relatives(result)
+        fractions = {name: {f.evaluations: f for f in rels[name].at} for name in compared}
         for c in by_name[names[0]].median_best_ratio_at:
             row = [_label(result), str(c)]
             for name in names:
@@ -104,7 +105,7 @@ def _checkpoints(results: Sequence[SpaceBench], names: list[str], compared: list
                 row.append(_with_interval(found.median_best_ratio_at[c],
                                           found.median_best_ratio_interval_at.get(c, (math.nan, math.nan))))
             for name in compared:
-                at = {f.evaluations: f for f in rels[name].at}.get(c)
+                at = fractions[name].get(c)
                 row.append(_with_interval(at.fraction, (at.low, at.high)) if at else "-")
             rows.append(row)
     return ("**Median best/optimum after n evaluations** (1.000: the optimum) with its "

@@ -53,7 +53,11 @@ def slice_space(space: RecordedSpace, held: Sequence[tuple[str, str]]) -> Record
     """The slice of ``space`` where each ``(name, value)`` of ``held`` holds. Raises UserError
     naming the space and the parameter when the space lacks it or a value is not one of its values
     (listing them), or when no configuration of the slice has a recorded time."""
-    typed, records = _held_records(space, held)
+    return _slice(space, held, *_held_records(space, held))
+
+
+def _slice(space: RecordedSpace, held: Sequence[tuple[str, str]], typed: dict[str, Any], records: dict) -> RecordedSpace:
+    """:func:`slice_space` from the held values and records :func:`_held_records` found."""
     label = ",".join(f"{name}={text}" for name, text in held)
     if not _timed(records):
         raise UserError(f"--fix {label}: no configuration of {space.name} with these values has a recorded time; "
@@ -106,8 +110,9 @@ def sliced(spaces: Sequence[RecordedSpace], fixes: Sequence[Fix]) -> list[Record
     out = []
     for space in having:
         for held in itertools.product(*[[(fix.name, value) for value in _values(space, fix)] for fix in fixes]):
-            if all(fix.values for fix in fixes) or _timed(_held_records(space, held)[1]):
-                out.append(slice_space(space, held))
+            typed, records = _held_records(space, held)
+            if all(fix.values for fix in fixes) or _timed(records):
+                out.append(_slice(space, held, typed, records))
     return out
 
 
