@@ -148,6 +148,29 @@ def test_surrogate_learns_which_parameter_matters():
     assert ei[0] > ei[1] > 0
 
 
+def test_a_gp_refits_on_a_schedule_the_first_fit_longest():
+    space = Space.build({"a": list(range(16)), "b": list(range(16))}, [], where="test")
+    encoder = Encoder(space)
+    keys = [(a, b) for a in range(16) for b in range(16)]
+    x, y = encoder.encode(keys), np.array([(a - 8) ** 2 + b / 4 for a, b in keys], dtype=float)
+    gp = GaussianProcess(encoder)
+    refitted_at, work = [], []
+    for n in range(4, 64):
+        before = gp.refits
+        work.append(gp.update(x[:n], y[:n], first_steps=8, steps=2, subsample=80, rng=np.random.default_rng(0),
+                              work=None))
+        if gp.refits > before:
+            refitted_at.append(n)
+    # A refit once the points have grown by an eighth (at least 2) since the last one.
+    assert refitted_at[0] == 4
+    assert all(b - a == max(2, a // 8) for a, b in zip(refitted_at, refitted_at[1:])), refitted_at
+    # The first fit takes ``first_steps``, each later one ``steps`` (work: steps times (n / 80) ** 3);
+    # an update without a refit fits nothing.
+    steps = {n: round(w / (n / 80) ** 3, 6) for n, w in zip(range(4, 64), work)}
+    assert [steps[n] for n in refitted_at] == [8.0] + [2.0] * (len(refitted_at) - 1)
+    assert all(steps[n] == 0 for n in steps if n not in refitted_at)
+
+
 def power_of_two_space() -> Space:
     return Space.build({"bx": list(range(16, 257, 16)), "t": [1, 2, 3, 4]}, [], where="test")
 

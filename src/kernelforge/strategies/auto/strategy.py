@@ -119,9 +119,6 @@ class AutoStrategy(Strategy):
                                 for p, (_, values) in enumerate(space.params)]
         self._gp = GaussianProcess(self._encoder)
         self._failures = GaussianProcess(self._encoder)  # 1 where a told point failed, 0 where it ran
-        self._failures_refit_at = 0
-        self._refits = 0  # hyperparameter fits of the speed GP so far
-        self._failure_refits = 0
         self._features: dict[Key, np.ndarray] = {}
         self._positions = [{hashable(v): i for i, v in enumerate(values)} for _, values in space.params]
         #: The feasible points listed once (spaces up to ``enumerate_limit`` grid points), their
@@ -136,7 +133,6 @@ class AutoStrategy(Strategy):
             self._aligned = (np.array([self.aligned(key) for key in self._feasible], dtype=bool) if self.sizes
                              else np.ones(len(self._feasible), dtype=bool))
         self._queue: deque[Key] = deque()
-        self._refit_at = 0
         self._parzen = ParzenRatio(space)
         self._owner: dict[Key, str] = {}  # pending point -> the member that proposed it
         self._gains: deque[tuple[str, float]] = deque(maxlen=self.window)
@@ -330,13 +326,9 @@ class AutoStrategy(Strategy):
         """Fit the model on the told points (refitting the hyperparameters every so often) and
         believe the pending points at its mean."""
         x = self._feature(ok)
-        refit = len(ok) >= self._refit_at
-        if refit:
-            self._refit_at = len(ok) + max(2, len(ok) // 8)
-        steps = self.fit_steps if self._refits == 0 else self.refit_steps
-        self._refits += refit
-        self.last_ask_work += self._gp.fit(x, y, refit=refit, steps=steps, subsample=self.fit_subsample,
-                                           rng=self._np_rng, work=self.ask_work - self.last_ask_work)
+        self.last_ask_work += self._gp.update(x, y, first_steps=self.fit_steps, steps=self.refit_steps,
+                                              subsample=self.fit_subsample, rng=self._np_rng,
+                                              work=self.ask_work - self.last_ask_work)
         if believed:
             xb = self._feature(believed)
             mu, _ = self._gp.predict(xb)
@@ -347,14 +339,9 @@ class AutoStrategy(Strategy):
         with lengthscales of its own (failures hang on other parameters); rows in told order, so they grow."""
         told = list(self.known)
         y = np.array([float(self.known[k] is None) for k in told])
-        refit = len(told) >= self._failures_refit_at
-        if refit:
-            self._failures_refit_at = len(told) + max(2, len(told) // 8)
-        steps = self.fit_steps if self._failure_refits == 0 else self.refit_steps
-        self._failure_refits += refit
-        self.last_ask_work += self._failures.fit(self._feature(told), y, refit=refit, steps=steps,
-                                                 subsample=self.fit_subsample, rng=self._np_rng,
-                                                 work=self.ask_work - self.last_ask_work)
+        self.last_ask_work += self._failures.update(self._feature(told), y, first_steps=self.fit_steps,
+                                                    steps=self.refit_steps, subsample=self.fit_subsample,
+                                                    rng=self._np_rng, work=self.ask_work - self.last_ask_work)
         mean = self._failures.predict_mean(x_pool)
         return np.clip(1.0 - mean, 0.02, 1.0)
 

@@ -179,6 +179,9 @@ class GaussianProcess:
         #: The hyperparameter fit under way (None: none), and the work all fits have spent.
         self.under_way: HyperFit | None = None
         self.work_done = 0.0
+        #: The hyperparameter fits :meth:`update` started so far, and how many points start the next.
+        self.refits = 0
+        self.refit_at = 0
 
     # -- kernel -------------------------------------------------------------------------------
 
@@ -199,6 +202,19 @@ class GaussianProcess:
         return (1.0 + SQRT5 * r + (5.0 / 3.0) * r * r) * np.exp(-SQRT5 * r)
 
     # -- fitting --------------------------------------------------------------------------------
+
+    def update(self, x: np.ndarray, y: np.ndarray, *, first_steps: int, steps: int, subsample: int,
+               rng: np.random.Generator, work: float) -> float:
+        """:meth:`fit` on a schedule: the hyperparameters are refitted once the points have grown by
+        an eighth (at least 2) since the last refit, ``first_steps`` Adam steps the first time and
+        ``steps`` (from the last fit) after. Returns the work spent."""
+        refit = len(y) >= self.refit_at
+        if refit:
+            self.refit_at = len(y) + max(2, len(y) // 8)
+        first = self.refits == 0
+        self.refits += refit
+        return self.fit(x, y, refit=refit, steps=first_steps if first else steps, subsample=subsample, rng=rng,
+                        work=work)
 
     def fit(self, x: np.ndarray, y: np.ndarray, *, refit: bool, steps: int = 40, subsample: int = 120,
             rng: np.random.Generator | None = None, work: float | None = None) -> float:
