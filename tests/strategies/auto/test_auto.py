@@ -370,6 +370,22 @@ def test_every_other_start_point_is_aligned():
         assert not all(flags[1::2]), (seed, points)
 
 
+def test_a_given_point_takes_the_place_of_an_unaligned_start_point():
+    space = mixed_space()
+    given = [{"bx": 48, "tile": 3, "flag": 0}, {"bx": 80, "tile": 1, "flag": 1}, {"bx": 112, "tile": 3, "flag": 1},
+             {"bx": 144, "tile": 2, "flag": 0}]
+    for count in range(len(given) + 1):
+        for seed in range(3):
+            strategy = AutoStrategy(space, seed=seed, baseline=given[:count] or None)
+            points = start_points(strategy, lambda p: 1.0 + p["bx"] / 256)
+            assert [strategy.key(p) for p in points[:count]] == [strategy.key(p) for p in given[:count]]
+            flags = [strategy.aligned(strategy.key(p)) for p in points[count:]]
+            # The first random points, one per given point, are aligned, and every other one counted
+            # from the first: the start holds as many aligned random points as one without given points.
+            assert all(f for drawn, f in enumerate(flags) if drawn < count or drawn % 2 == 0), (count, seed, points)
+            assert sum(flags) >= strategy.start // 2, (count, seed, points)
+
+
 def test_unaligned_start_when_turned_off_and_the_same_start_where_nothing_mixes():
     class Plain(AutoStrategy):
         aligned_start = False

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import json
 import subprocess
 import sys
@@ -58,6 +60,40 @@ def test_a_warm_start_runs_as_the_strategy_bench_runs_it(tmp_path):
                 for seed in range(4)]
     cold = [run_one(b, "auto", seed, 20, stop=True).reached[0.01] for seed in range(4)]
     assert record["to_1pct"] == expected != cold
+
+
+def test_a_shuffled_source_keeps_its_configurations_and_times_and_loses_their_order(tmp_path):
+    """``--shuffle-source SEED``: the warm start from a recording whose times were permuted (a source
+    that says nothing), as the strategy bench would run one from such a file."""
+    spec = importlib.util.spec_from_file_location("kf_test_anytime_variants", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    shuffled = script.shuffled
+    from kernelforge.strategies.bench.recorded import load_kernel_tuner_cache
+    from kernelforge.strategies.bench.run import run_one
+    from kernelforge.strategies.transfer import warm_start
+
+    source = write_space(tmp_path / "toy_a.json", device="GPU A", best_tile=3)
+    a = dataclasses.replace(load_kernel_tuner_cache(source), records={
+        **load_kernel_tuner_cache(source).records, (16, 1, 0): "RuntimeFailedConfig"})
+    mixed = shuffled(a, 1)
+    assert mixed.records.keys() == a.records.keys() and mixed.records[(16, 1, 0)] == "RuntimeFailedConfig"
+    times = sorted(v for v in a.records.values() if isinstance(v, float))
+    assert sorted(v for v in mixed.records.values() if isinstance(v, float)) == times
+    assert mixed.records != a.records and shuffled(a, 1) == mixed and "shuffled, seed 1" in mixed.device
+
+    target = write_space(tmp_path / "toy_b.json", device="GPU B", best_tile=2)
+    out = tmp_path / "warm.jsonl"
+    done = run(str(target), "--seeds", "3", "--budget", "20", "--stop", "--warm-from", str(source),
+               "--shuffle-source", "5", "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    record = json.loads(out.read_text())
+    assert record["shuffle_source"] == 5 and "shuffled 5" in record["variant"]
+    b = load_kernel_tuner_cache(target)
+    warm = warm_start(shuffled(load_kernel_tuner_cache(source), 5), b)
+    assert record["to_1pct"] == [run_one(b, "auto", seed, 20, stop=True, first=warm.first,
+                                         transfer=warm.transfer).reached[0.01] for seed in range(3)]
+    assert run(str(target), "--shuffle-source", "5").returncode == 2
 
 
 def test_a_warm_start_from_another_kernel_is_one_clear_message(tmp_path):

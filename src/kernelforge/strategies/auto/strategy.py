@@ -11,7 +11,10 @@ members expects the most:
    an integer parameter with all values at least 1, such as a block width 16..256 in steps of 16;
    not a selector 0..3). GPU kernels are fast at powers of two far more often than between them
    (warps, vector widths, aligned tiles), so a fast region that needs several sizes aligned is
-   found there several times as often (:attr:`AutoStrategy.aligned_start`);
+   found there several times as often (:attr:`AutoStrategy.aligned_start`). A given point takes
+   the place of an unaligned one: the first random points, one per given point, are aligned, and
+   every other one counted from the first, so a start holds as many aligned points with given
+   ones as without (a useless warm start costs its evaluations, not the start's aligned half);
 2. then each ask goes to a member, drawn with odds that follow the members' recent rates of gain
    (how much their points improved the best, per point told, over the last ``window`` tells: a
    member is not favoured for having been asked often; at least ``floor`` each):
@@ -213,7 +216,8 @@ class AutoStrategy(Strategy):
             if self._free(key):
                 return self._hand_out(key)
         if self.starting():
-            aligned = self.aligned_start and (len(self.known) + len(self.pending)) % 2 == 0
+            drawn = len(self.known) + len(self.pending) - len(self.baselines)  # random start points so far
+            aligned = self.aligned_start and (drawn < len(self.baselines) or drawn % 2 == 0)
             picks = (self._random_unseen(1, aligned=True) if aligned else []) or self._random_unseen(1)
             return self._hand_out(picks[0]) if picks else None
         self.last_ask_work = 0.0
