@@ -19,7 +19,7 @@ REPORT = Path(__file__).resolve().parents[3] / "reports" / "strategy-bench"
 README = REPORT / "README.md"
 #: The sections with one table per metric (the shipped auto's first): title, bench file, transfer files.
 HEADLINES = (("The shipped auto, one table per metric", "bench-2026-12-07-stall.json.gz",
-              "transfer-2026-12-07-stall-200seeds-{kind}-{target}.json.gz"),
+              "transfer-2026-12-07-given-200seeds-{kind}-{target}.json.gz"),
              ("The eighth session's auto, one table per metric", "bench-2026-12-07.json.gz",
               "transfer-2026-12-07-200seeds-{kind}-{target}.json.gz"),
              ("The seventh session's auto, one table per metric", "bench-2026-12-06.json.gz",

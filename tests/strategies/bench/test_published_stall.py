@@ -6,10 +6,10 @@ from __future__ import annotations
 import gzip
 import json
 import statistics
-from functools import cache
 from pathlib import Path
 
 from markdown_tables import markdown_tables, section
+from stored_runs import jsonl_runs, median_to_1pct
 
 FOLDER = Path(__file__).resolve().parents[3] / "reports" / "strategy-bench" / "stall-2026-12-07"
 TEXT = section((FOLDER.parent / "README.md").read_text(), "Stalled searches move other basins")
@@ -18,16 +18,13 @@ HALF_A = ("convolution_A4000", "dedispersion", "pnpoly")
 VARIANTS = {"stall 10": "10", "stall 20": "20", "stall 30": "30", "stall 20, leaders in turn": "20-spread"}
 
 
-@cache
 def runs(name: str) -> dict[str, dict]:
-    """One stored run of the loop: its record per space, in the order it ran (read once)."""
-    return {r["space"]: r for r in map(json.loads, gzip.open(FOLDER / f"{name}.jsonl.gz").read().splitlines())}
+    return jsonl_runs(FOLDER / f"{name}.jsonl.gz")
 
 
 def to_1pct(record: dict) -> float:
-    """The median evaluations to 1% over the record's seeds, a miss counting as budget + 1."""
     assert len(record["to_1pct"]) == 40
-    return statistics.median(n if n is not None else record["budget"] + 1 for n in record["to_1pct"])
+    return median_to_1pct(record)
 
 
 def tables() -> list[list[list[str]]]:
@@ -75,7 +72,7 @@ def test_the_warm_table_is_its_stored_runs():
     assert [row[0] for row in warm] == list(labels)
 
     def capped(record: dict) -> float:  # budget 200 warm: a miss (or a cold run past 200) counts 201
-        return statistics.median(min(n, 201) if n is not None else 201 for n in record["to_1pct"])
+        return median_to_1pct(record, cap=200)
 
     for label, *cells in warm:
         hot, cold = runs(f"warm-{labels[label]}"), runs(f"cold-{labels[label]}-0-39")

@@ -1,0 +1,24 @@
+"""Reading the development loop's stored runs back (``benchmarks/anytime_variants.py --json``, gzipped),
+for the tests of the bench README's sections."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import statistics
+from functools import cache
+from pathlib import Path
+
+
+@cache
+def jsonl_runs(path: Path) -> dict[str, dict]:
+    """A stored run of the loop: its record per space, in the order it ran (each file read once)."""
+    return {r["space"]: r for r in map(json.loads, gzip.open(path).read().splitlines())}
+
+
+def median_to_1pct(record: dict, cap: int | None = None) -> float:
+    """The median evaluations to 1% over the record's seeds, a miss counting as the budget + 1; with
+    ``cap``, a run past ``cap`` counts as ``cap + 1`` too (a cold run of budget 300 against warm runs
+    of budget 200)."""
+    last = record["budget"] if cap is None else cap
+    return statistics.median(min(n, last + 1) if n is not None else last + 1 for n in record["to_1pct"])
