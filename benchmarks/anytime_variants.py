@@ -84,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
             spaces = other_recordings(source, spaces, str(args.warm_from))
         except UserError as exc:
             parser.error(str(exc))
-        label += f" warm from {source.name}" + (f" shuffled {args.shuffle_source}" if args.shuffle_source is not None else "")
+        label += f" warm from {source.name}"
+        if args.shuffle_source is not None:
+            label += f" shuffled {args.shuffle_source}"
     spaces = sliced(spaces, [parse_fix(t) for t in args.fix])  # after the warm filter, as the bench's
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     with ProcessPoolExecutor(args.jobs, initializer=_apply, initargs=(settings,)) as pool:

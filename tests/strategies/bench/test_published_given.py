@@ -17,8 +17,10 @@ FOLDER = REPORT / "given-2026-12-07"
 README = (REPORT / "README.md").read_text()
 TEXT = " ".join(section(README, "A warm start costs its points, not the aligned start").split())
 #: The tried variants of the last table, by its first column, and their stored runs.
-TRIED = {"rank agreement at least 0.3": "tried-rank-agreement-0.3", "rank agreement at least 0": "tried-rank-agreement-0.0",
-         "a given point the best": "tried-given-best", "shipped, and a given point the best": "tried-aligned-and-given-best"}
+TRIED = {"rank agreement at least 0.3": "tried-rank-agreement-0.3",
+         "rank agreement at least 0": "tried-rank-agreement-0.0",
+         "a given point the best": "tried-given-best",
+         "shipped, and a given point the best": "tried-aligned-and-given-best"}
 
 
 def stored(name: str) -> dict[str, dict]:
@@ -130,7 +132,8 @@ def test_the_tried_table_is_its_stored_runs():
 
 
 def transfer(kind: str, target: str, session: str = "given") -> dict:
-    (space,) = json.loads(gzip.open(REPORT / f"transfer-2026-12-07-{session}-200seeds-{kind}-{target}.json.gz").read())["spaces"]
+    path = REPORT / f"transfer-2026-12-07-{session}-200seeds-{kind}-{target}.json.gz"
+    (space,) = json.loads(gzip.open(path).read())["spaces"]
     return next(s for s in space["strategies"] if s["strategy"] == "auto")
 
 

@@ -204,7 +204,7 @@ class GaussianProcess:
     # -- fitting --------------------------------------------------------------------------------
 
     def update(self, x: np.ndarray, y: np.ndarray, *, first_steps: int, steps: int, subsample: int,
-               rng: np.random.Generator, work: float) -> float:
+               rng: np.random.Generator, work: float | None) -> float:
         """:meth:`fit` on a schedule: the hyperparameters are refitted once the points have grown by
         an eighth (at least 2) since the last refit, ``first_steps`` Adam steps the first time and
         ``steps`` (from the last fit) after. Returns the work spent."""
