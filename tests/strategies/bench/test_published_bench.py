@@ -221,8 +221,13 @@ def test_the_slices_table_is_its_stored_runs():
 TRANSFER_SLICES = "Transfer on slices"
 
 
-def test_the_transfer_slices_tables_are_their_stored_runs():
-    folder = "transfer-slices-2026-12-07"
+#: The 100-seed cold/warm tables of slices: the section, the folder of its stored runs, the table's index.
+SLICE_TRANSFERS = ((TRANSFER_SLICES, "transfer-slices-2026-12-07", 0),
+                   ("A warm start costs its points", "given-2026-12-07/slices", 3))
+
+
+def _slice_transfer_runs(folder: str) -> dict[tuple[str, str], dict]:
+    """The auto runs of the 12 slices, cold and warm, by (kind, slice)."""
     runs = {}
     for kind in ("cold", "warm"):
         for target in ("A4000", "W7800"):
@@ -231,8 +236,13 @@ def test_the_transfer_slices_tables_are_their_stored_runs():
                     assert space["seeds"] == 100 and space["budget"] == 200 and space["stopped_at_1pct"]
                     assert (space["warm_from"] is None) == (kind == "cold")
                     runs[kind, space["space"]] = next(s for s in space["strategies"] if s["strategy"] == "auto")
-    tables = _tables(_section(TRANSFER_SLICES))
-    rows = tables[0]
+    return runs
+
+
+@pytest.mark.parametrize("title, folder, index", SLICE_TRANSFERS, ids=["eighth", "eleventh"])
+def test_a_transfer_slices_table_is_its_stored_runs(title: str, folder: str, index: int):
+    runs = _slice_transfer_runs(folder)
+    rows = _tables(_section(title))[index]
     assert len(rows) == 12
     for label, cold_cell, warm_cell, fraction, interval, cold_area, warm_area in rows:
         name, source = re.fullmatch(r"(\S+) \(from (\w+)\)", label).groups()
@@ -245,6 +255,12 @@ def test_the_transfer_slices_tables_are_their_stored_runs():
         assert interval == f"{low:.2f}-{high:.2f}", name
         assert cold_area == _with_interval(cold["area"], cold["area_interval"])
         assert warm_area == _with_interval(warm["area"], warm["area_interval"])
+
+
+def test_the_transfer_slices_parts_table_is_its_stored_runs():
+    folder = "transfer-slices-2026-12-07"
+    runs = _slice_transfer_runs(folder)
+    tables = _tables(_section(TRANSFER_SLICES))
     # The parts: the medians of benchmarks/transfer_parts.py's stored runs (a miss counts 201).
     parts = {}
     for name in ("read_only", "use_padding", "use_shmem"):

@@ -81,7 +81,7 @@ def test_the_pairs_table_is_its_stored_runs():
 
 
 def test_the_summary_table_and_its_reading_are_the_stored_runs():
-    _, _, summary, _ = tables()
+    _, _, summary, *_ = tables()
     keys = [(seeds, source, when) for seeds in ("0-39", "40-79") for source in ("real", "shuffled")
             for when in ("before", "now")]
     assert len(summary) == len(keys)
@@ -159,3 +159,26 @@ def test_cold_runs_are_unchanged_and_the_headline_reads_the_transfer_runs():
     assert (f"worse than cold on {sum(x > 1 for x in real[0].values())} with seeds 0-39 and "
             f"{sum(x > 1 for x in real[1].values())} with seeds 40-79, by at most {max(real[0].values()):.2f}x and "
             f"{max(real[1].values()):.2f}x") in headline
+
+
+def test_the_slices_reading_is_the_stored_runs():
+    """The sentences under the 100-seed slices table (the table itself: test_published_bench.py)."""
+    def auto(kind: str, target: str, name: str, folder: str) -> dict[str, dict]:
+        spaces = json.loads(gzip.open(REPORT / folder / f"{kind}-{target}-{name}.json.gz").read())["spaces"]
+        return {space["space"]: next(s for s in space["strategies"] if s["strategy"] == "auto") for space in spaces}
+
+    fractions = {}
+    for folder in ("given-2026-12-07/slices", "transfer-slices-2026-12-07"):
+        for target in ("A4000", "W7800"):
+            for name in ("read_only", "use_padding", "use_shmem"):
+                cold, warm = (auto(kind, target, name, folder) for kind in ("cold", "warm"))
+                for space in cold:
+                    fractions[folder, space] = (warm[space]["median_evaluations"]["0.01"]
+                                                / cold[space]["median_evaluations"]["0.01"])
+    now = {space: f for (folder, space), f in fractions.items() if folder.startswith("given")}
+    worse = [space for space, f in now.items() if f > 1]
+    then = [fractions["transfer-slices-2026-12-07", space] for space in worse]
+    assert worse == [space for (folder, space), f in fractions.items() if folder.startswith("transfer") and f > 1]
+    assert (f"by less: {', '.join(f'{now[s]:.2f}' for s in worse[:-1])} and {now[worse[-1]]:.2f} (then "
+            f"{', '.join(f'{f:.2f}' for f in then[:-1])} and {then[-1]:.2f})") in TEXT
+    assert f"It halves the evaluations on {sum(f <= 0.5 for f in now.values())} of the 12" in TEXT
