@@ -1,5 +1,5 @@
-"""Reading the development loop's stored runs back (``benchmarks/anytime_variants.py --json``, gzipped),
-for the tests of the bench README's sections."""
+"""Reading stored runs back (``benchmarks/anytime_variants.py --json`` and ``strategy-bench --json``,
+gzipped), for the tests of the bench README's sections."""
 
 from __future__ import annotations
 
@@ -22,3 +22,19 @@ def median_to_1pct(record: dict, cap: int | None = None) -> float:
     of budget 200)."""
     last = record["budget"] if cap is None else cap
     return statistics.median(min(n, last + 1) if n is not None else last + 1 for n in record["to_1pct"])
+
+
+@cache
+def slice_transfer_runs(folder: Path) -> dict[tuple[str, str], dict]:
+    """The auto runs of a 100-seed cold/warm transfer on the 12 convolution slices (``strategy-bench
+    --fix ... [--warm-from]``, ``{cold,warm}-{A4000,W7800}-{read_only,use_padding,use_shmem}.json.gz``
+    in ``folder``), by (kind, slice); each file read once."""
+    runs = {}
+    for kind in ("cold", "warm"):
+        for target in ("A4000", "W7800"):
+            for name in ("read_only", "use_padding", "use_shmem"):
+                for space in json.loads(gzip.open(folder / f"{kind}-{target}-{name}.json.gz").read())["spaces"]:
+                    assert space["seeds"] == 100 and space["budget"] == 200 and space["stopped_at_1pct"]
+                    assert (space["warm_from"] is None) == (kind == "cold")
+                    runs[kind, space["space"]] = next(s for s in space["strategies"] if s["strategy"] == "auto")
+    return runs

@@ -14,6 +14,7 @@ import pytest
 from kernelforge.strategies.bench import anytime
 from kernelforge.strategies.bench.run import fraction_interval
 from markdown_tables import markdown_tables, section
+from stored_runs import slice_transfer_runs
 
 REPORT = Path(__file__).resolve().parents[3] / "reports" / "strategy-bench"
 README = REPORT / "README.md"
@@ -226,22 +227,9 @@ SLICE_TRANSFERS = ((TRANSFER_SLICES, "transfer-slices-2026-12-07", 0),
                    ("A warm start costs its points", "given-2026-12-07/slices", 3))
 
 
-def _slice_transfer_runs(folder: str) -> dict[tuple[str, str], dict]:
-    """The auto runs of the 12 slices, cold and warm, by (kind, slice)."""
-    runs = {}
-    for kind in ("cold", "warm"):
-        for target in ("A4000", "W7800"):
-            for name in ("read_only", "use_padding", "use_shmem"):
-                for space in _load(f"{folder}/{kind}-{target}-{name}.json.gz")["spaces"]:
-                    assert space["seeds"] == 100 and space["budget"] == 200 and space["stopped_at_1pct"]
-                    assert (space["warm_from"] is None) == (kind == "cold")
-                    runs[kind, space["space"]] = next(s for s in space["strategies"] if s["strategy"] == "auto")
-    return runs
-
-
 @pytest.mark.parametrize("title, folder, index", SLICE_TRANSFERS, ids=["eighth", "eleventh"])
 def test_a_transfer_slices_table_is_its_stored_runs(title: str, folder: str, index: int):
-    runs = _slice_transfer_runs(folder)
+    runs = slice_transfer_runs(REPORT / folder)
     rows = _tables(_section(title))[index]
     assert len(rows) == 12
     for label, cold_cell, warm_cell, fraction, interval, cold_area, warm_area in rows:
@@ -259,7 +247,7 @@ def test_a_transfer_slices_table_is_its_stored_runs(title: str, folder: str, ind
 
 def test_the_transfer_slices_parts_table_is_its_stored_runs():
     folder = "transfer-slices-2026-12-07"
-    runs = _slice_transfer_runs(folder)
+    runs = slice_transfer_runs(REPORT / folder)
     tables = _tables(_section(TRANSFER_SLICES))
     # The parts: the medians of benchmarks/transfer_parts.py's stored runs (a miss counts 201).
     parts = {}

@@ -10,7 +10,7 @@ import statistics
 from pathlib import Path
 
 from markdown_tables import markdown_tables, section
-from stored_runs import jsonl_runs, median_to_1pct
+from stored_runs import jsonl_runs, median_to_1pct, slice_transfer_runs
 
 REPORT = Path(__file__).resolve().parents[3] / "reports" / "strategy-bench"
 FOLDER = REPORT / "given-2026-12-07"
@@ -163,18 +163,13 @@ def test_cold_runs_are_unchanged_and_the_headline_reads_the_transfer_runs():
 
 def test_the_slices_reading_is_the_stored_runs():
     """The sentences under the 100-seed slices table (the table itself: test_published_bench.py)."""
-    def auto(kind: str, target: str, name: str, folder: str) -> dict[str, dict]:
-        spaces = json.loads(gzip.open(REPORT / folder / f"{kind}-{target}-{name}.json.gz").read())["spaces"]
-        return {space["space"]: next(s for s in space["strategies"] if s["strategy"] == "auto") for space in spaces}
-
     fractions = {}
     for folder in ("given-2026-12-07/slices", "transfer-slices-2026-12-07"):
-        for target in ("A4000", "W7800"):
-            for name in ("read_only", "use_padding", "use_shmem"):
-                cold, warm = (auto(kind, target, name, folder) for kind in ("cold", "warm"))
-                for space in cold:
-                    fractions[folder, space] = (warm[space]["median_evaluations"]["0.01"]
-                                                / cold[space]["median_evaluations"]["0.01"])
+        runs = slice_transfer_runs(REPORT / folder)
+        for kind, space in runs:
+            if kind == "cold":
+                fractions[folder, space] = (runs["warm", space]["median_evaluations"]["0.01"]
+                                            / runs["cold", space]["median_evaluations"]["0.01"])
     now = {space: f for (folder, space), f in fractions.items() if folder.startswith("given")}
     worse = [space for space, f in now.items() if f > 1]
     then = [fractions["transfer-slices-2026-12-07", space] for space in worse]
