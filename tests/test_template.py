@@ -197,3 +197,94 @@ def test_a_proposed_template_is_a_variant_of_origin_llm_without_baselines_whatev
     proposed = parsed.template
     assert (proposed.role, proposed.origin, proposed.baseline_rules) == ("variant", "llm", ())
     assert proposed.baseline_source != "trust me"
+
+
+# A header-only variant that renders the file `wide.py.j2`'s body with WARPS2 tied to num_warps.
+TIED = """{#-
+[template]
+role = "variant"
+body = "wide"
+
+[space]
+BLOCK = [16, 32]
+num_warps = [2, 4]
+
+[baseline]
+BLOCK = 16
+num_warps = 2
+
+[ties]
+WARPS2 = "num_warps"
+-#}
+"""
+WIDE = """{#-
+[template]
+role = "variant"
+
+[space]
+BLOCK = [16, 32, 64]
+num_warps = [2, 4]
+WARPS2 = [2, 4, 8]
+
+[baseline]
+BLOCK = 32
+num_warps = 4
+WARPS2 = 8
+-#}
+BLOCK = {{ BLOCK }}
+WARPS = {{ num_warps }}, {{ WARPS2 }}
+"""
+
+
+def _folder(tmp_path: Path, **files: str) -> Path:
+    for name, text in files.items():
+        (tmp_path / f"{name}.py.j2").write_text(text)
+    return tmp_path
+
+
+def test_a_header_only_template_renders_another_templates_body_with_its_ties(tmp_path):
+    folder = _folder(tmp_path, wide=WIDE, tied=TIED)
+    wide = Template.from_file(folder / "wide.py.j2", "toy/axpy")
+    tied = Template.from_file(folder / "tied.py.j2", "toy/axpy")
+    assert tied.space.names == ("BLOCK", "num_warps") and tied.ties == {"WARPS2": "num_warps"}
+    assert tied.render({"BLOCK": 32, "num_warps": 4}) == wide.render({"BLOCK": 32, "num_warps": 4, "WARPS2": 4})
+    assert tied.render_baseline() == "BLOCK = 16\nWARPS = 2, 2\n"
+    # Its text is the whole template (what a store or an LLM prompt holds), and parses on its own.
+    assert tied.text.startswith(TIED.rstrip()) and tied.text.endswith("WARPS = {{ num_warps }}, {{ WARPS2 }}\n")
+    again = Template.from_text(tied.text, template_id=tied.id, block_id="toy/axpy", where="stored")
+    assert again.render({"BLOCK": 16, "num_warps": 4}) == tied.render({"BLOCK": 16, "num_warps": 4})
+    # The two are different candidates of the same kernel text.
+    assert Candidate.from_template(tied, {"BLOCK": 32, "num_warps": 4}).id != \
+        Candidate.from_template(wide, {"BLOCK": 32, "num_warps": 4, "WARPS2": 4}).id
+
+
+@pytest.mark.parametrize(
+    "files, fragment",
+    [
+        ({"tied": TIED}, r"tied.py.j2 \[template\] body: 'wide' is not another template"),
+        ({"tied": TIED.replace('body = "wide"', 'body = "tied"'), "wide": WIDE}, "is not another template"),
+        ({"tied": TIED.replace('"wide"', '"../wide"'), "wide": WIDE}, r"\[template\] body: must name a template"),
+        ({"tied": TIED + "EXTRA\n", "wide": WIDE}, "has a body of its own"),
+        ({"tied": TIED, "wide": TIED.replace('"wide"', '"tied"')}, "takes its body from another template itself"),
+        ({"tied": TIED.replace('WARPS2 = "num_warps"', 'WARPS2 = "warps"'), "wide": WIDE},
+         r"\[ties\] WARPS2: must name the \[space\] parameter"),
+        ({"tied": TIED.replace('WARPS2 = "num_warps"', 'BLOCK = "num_warps"'), "wide": WIDE},
+         r"\[ties\] BLOCK: is a \[space\] parameter"),
+        ({"tied": TIED.replace('WARPS2 = "num_warps"', 'moe_align = "num_warps"'), "wide": WIDE},
+         r"\[ties\]: moe_align is the name of kernel text"),
+        ({"tied": TIED.replace('WARPS2 = "num_warps"', ''), "wide": WIDE}, "uses undeclared WARPS2"),
+        ({"tied": TIED.replace('WARPS2 = "num_warps"', 'WARPS2 = "num_warps"\nWARPS3 = "BLOCK"'), "wide": WIDE},
+         r"must equal its \[space\] and \[ties\]: declares unused WARPS3"),
+        ({"tied": TIED.replace("[ties]", "[tie]"), "wide": WIDE}, r"unknown header table\(s\) tie"),
+    ],
+)
+def test_a_body_or_a_tie_that_cannot_hold_is_refused_naming_the_file_and_field(tmp_path, files, fragment):
+    folder = _folder(tmp_path, **files)
+    with pytest.raises(TemplateError, match=fragment) as info:
+        Template.from_file(folder / "tied.py.j2", "toy/axpy")
+    assert str(info.value).startswith(str(folder / "tied.py.j2"))
+
+
+def test_a_text_on_its_own_must_hold_the_body_it_names():
+    with pytest.raises(TemplateError, match=r"stored \[template\] body: the body of wide.py.j2 is joined"):
+        Template.from_text(TIED, template_id="toy/axpy/tied", block_id="toy/axpy", where="stored")

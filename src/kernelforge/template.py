@@ -28,10 +28,17 @@ whose ``when`` holds for a shape gives its point, ``[baseline]`` is the fallback
 baseline_source`` naming where ``[baseline]`` comes from; see :mod:`kernelforge.baselines` and
 :meth:`Template.baseline_for`.
 
-The variables the template body uses must be exactly the declared parameters, besides the names of
-the kernel text kernelforge shares with templates (:mod:`kernelforge.shared_kernels`:
-``{{ moe_align }}``), which no parameter may take; rendering with a missing or unknown parameter
-fails (StrictUndefined). The rendered text is a self-contained Python
+A template may take its body from another template of its folder (``[template] body = "baseline"``:
+the file is then a header alone) and tie body variables to its parameters (``[ties]``, body
+variable = the parameter whose value it takes): a variant that searches part of a kernel's space
+without a second copy of the kernel. The body is joined to the header when the file is loaded
+(:meth:`Template.from_file`), so :attr:`Template.text` is always the whole template, which a store,
+a report or an LLM prompt holds and :meth:`Template.from_text` parses on its own.
+
+The variables the template body uses must be exactly the declared parameters and tied names,
+besides the names of the kernel text kernelforge shares with templates
+(:mod:`kernelforge.shared_kernels`: ``{{ moe_align }}``), which no parameter may take; rendering
+with a missing or unknown parameter fails (StrictUndefined). The rendered text is a self-contained Python
 module with a ``run(**inputs, out)`` entry point (see :mod:`kernelforge.block`).
 """
 
@@ -65,7 +72,7 @@ TEMPLATE_SUFFIX = ".py.j2"
 ROLES = ("baseline", "variant")
 ORIGINS = ("human", "llm")
 #: The keys ``[template]`` may set; any other key is refused with its name.
-TEMPLATE_KEYS = ("role", "origin", "description", "constraints", "baseline_source")
+TEMPLATE_KEYS = ("role", "origin", "description", "constraints", "baseline_source", "body")
 #: Keys that would set a rule of the judge (EVALUATION.md): refused with a message saying where
 #: that rule comes from. Determinism is :attr:`kernelforge.block.Block.deterministic`; tolerances,
 #: held-out shapes and seeds are the block's and the harness's.
@@ -73,6 +80,8 @@ JUDGE_KEYS = ("deterministic", "tolerance", "tolerances", "rtol", "atol", "rel_n
               "shapes", "seed", "verify", "trusted")
 
 _HEADER = re.compile(r"\A\s*\{#-?(.*?)-?#\}", re.DOTALL)
+#: A ``[template] body`` value: the name of a template file in the same folder, nothing else.
+_BODY_NAME = re.compile(r"[A-Za-z0-9_]+")
 
 
 @dataclass(frozen=True)
@@ -81,7 +90,8 @@ class Template:
 
     ``baseline`` is the ``[baseline]`` point; ``baseline_rules`` the parsed ``[[baselines]]``
     (empty for most templates: then every shape's baseline is ``baseline``) and
-    ``baseline_source`` where ``[baseline]`` comes from.
+    ``baseline_source`` where ``[baseline]`` comes from. ``ties`` maps a body variable to the
+    parameter whose value it takes at every point (``[ties]``; empty for most templates).
     """
 
     id: str
@@ -95,15 +105,18 @@ class Template:
     path: Path | None = field(default=None, compare=False)
     baseline_source: str = DEFAULT_SOURCE
     baseline_rules: tuple[BaselineRule, ...] = ()
+    ties: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_file(cls, path: Path, block_id: str) -> "Template":
-        """Parse ``path`` (a ``*.py.j2`` in the folder of ``block_id``)."""
+        """Parse ``path`` (a ``*.py.j2`` in the folder of ``block_id``). A header that names
+        another template's body (``[template] body``) gets that file's body joined to it."""
         name = path.name[: -len(TEMPLATE_SUFFIX)] if path.name.endswith(TEMPLATE_SUFFIX) else path.stem
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise TemplateError(f"{path}: cannot read template ({exc.strerror})") from None
+        text = _read(path)
+        info = _header(text, str(path)).get("template", {})
+        body_of = info.get("body") if isinstance(info, dict) else None
+        if isinstance(body_of, str) and _BODY_NAME.fullmatch(body_of):
+            text = _joined(text, path, body_of)
         return cls.from_text(text, template_id=f"{block_id}/{name}", block_id=block_id, where=str(path), path=path)
 
     @classmethod
@@ -113,28 +126,16 @@ class Template:
         """Parse template source ``text``; ``where`` names it in error messages. The body is
         parsed by :func:`kernelforge.render.parse_body` (the sandboxed template language); a text
         over :data:`~kernelforge.limits.MAX_SOURCE_CHARS` is refused before anything else."""
-        if len(text) > MAX_SOURCE_CHARS:
-            raise TemplateError(f"{where}: the template has {len(text)} characters, over the limit of "
-                                f"{MAX_SOURCE_CHARS} (MAX_SOURCE_CHARS)")
-        match = _HEADER.match(text)
-        if not match:
-            raise TemplateError(
-                f"{where}: no header; a template starts with a Jinja comment {{#- ... -#}} holding "
-                "TOML tables [template], [space] and [baseline]"
-            )
-        try:
-            header = tomllib.loads(match.group(1))
-        except tomllib.TOMLDecodeError as exc:
-            raise TemplateError(f"{where}: header is not valid TOML ({exc})") from None
+        header = _header(text, where)
         info = header.get("template", {})
         _check_keys(info, where)
-        unknown_tables = sorted(set(header) - {"template", "space", "baseline", "baselines"})
+        unknown_tables = sorted(set(header) - {"template", "space", "baseline", "baselines", "ties"})
         if unknown_tables:
             raise TemplateError(f"{where}: unknown header table(s) {', '.join(unknown_tables)}; "
-                                "use [template], [space], [baseline] (and [[baselines]] rules)")
+                                "use [template], [space], [baseline] (and [[baselines]] rules, [ties])")
         if "space" not in header or not header["space"]:
             raise TemplateError(f"{where}: header has no [space] table; declare each parameter's values")
-        for table in ("template", "space", "baseline"):
+        for table in ("template", "space", "baseline", "ties"):
             if not isinstance(header.get(table, {}), dict):
                 raise TemplateError(f"{where}: [{table}] must be a table ([{table}]), not an array or a value")
         constraints = info.get("constraints", [])
@@ -161,25 +162,28 @@ class Template:
         if rules and role != "baseline":
             raise TemplateError(f'{where} [[baselines]]: only a role = "baseline" template has per-shape '
                                 f"baselines; remove the rules or make this the block's baseline template")
+        ties = _ties(header.get("ties", {}), space, where)
+        _check_body_of(info.get("body"), text, where)
         try:
             parsed = parse_body(text)
         except jinja2.TemplateSyntaxError as exc:
             raise TemplateError(f"{where}:{exc.lineno}: Jinja syntax error: {exc.message}") from None
         except BodyRefused as exc:
             raise TemplateError(f"{where}:{exc.lineno}: {exc.message}") from None
-        taken = collisions(space.names)
-        if taken:
-            raise TemplateError(f"{where} [space]: {', '.join(taken)} is the name of kernel text kernelforge shares "
-                                "with templates (kernelforge.shared_kernels); rename the parameter")
+        for table, names in (("[space]", space.names), ("[ties]", ties)):
+            taken = collisions(names)
+            if taken:
+                raise TemplateError(f"{where} {table}: {', '.join(taken)} is the name of kernel text kernelforge "
+                                    "shares with templates (kernelforge.shared_kernels); rename it")
         used = meta.find_undeclared_variables(parsed) - set(SHARED)
-        declared = set(space.names)
+        declared = set(space.names) | set(ties)
         if used != declared:
             parts = []
             if used - declared:
                 parts.append(f"uses undeclared {', '.join(sorted(used - declared))}")
             if declared - used:
                 parts.append(f"declares unused {', '.join(sorted(declared - used))}")
-            raise TemplateError(f"{where}: template variables must equal its [space]: {'; '.join(parts)}")
+            raise TemplateError(f"{where}: template variables must equal its [space] and [ties]: {'; '.join(parts)}")
         return cls(
             id=template_id,
             block_id=block_id,
@@ -192,6 +196,7 @@ class Template:
             path=path,
             baseline_source=baseline_source,
             baseline_rules=rules,
+            ties=ties,
         )
 
     def as_proposed(self) -> "Template":
@@ -208,7 +213,8 @@ class Template:
         if problems:
             raise TemplateError(f"template {self.id}: {'; '.join(problems)}")
         try:
-            return render_body(self.text, {**shared_values(), **point})
+            tied = {name: point[parameter] for name, parameter in self.ties.items()}
+            return render_body(self.text, {**shared_values(), **point, **tied})
         except jinja2.TemplateError as exc:
             raise TemplateError(f"template {self.id}: rendering failed: {exc}") from None
         except Exception as exc:  # the template's own expressions ({{ 1 // X }} at X = 0, ...)
@@ -225,6 +231,79 @@ class Template:
         Raises TemplateError naming the rule and the shape when a rule cannot be resolved there."""
         return resolve(self.baseline_rules, shape, self.space, self.baseline, self.baseline_source,
                        str(self.path or self.id))
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise TemplateError(f"{path}: cannot read template ({exc.strerror})") from None
+
+
+def _header(text: str, where: str) -> dict[str, Any]:
+    """The TOML header of a template text (its opening Jinja comment), parsed."""
+    if len(text) > MAX_SOURCE_CHARS:
+        raise TemplateError(f"{where}: the template has {len(text)} characters, over the limit of "
+                            f"{MAX_SOURCE_CHARS} (MAX_SOURCE_CHARS)")
+    match = _HEADER.match(text)
+    if not match:
+        raise TemplateError(
+            f"{where}: no header; a template starts with a Jinja comment {{#- ... -#}} holding "
+            "TOML tables [template], [space] and [baseline]"
+        )
+    try:
+        return tomllib.loads(match.group(1))
+    except tomllib.TOMLDecodeError as exc:
+        raise TemplateError(f"{where}: header is not valid TOML ({exc})") from None
+
+
+def _body(text: str) -> str:
+    """What follows the header of a template text (the text itself when it has no header)."""
+    match = _HEADER.match(text)
+    return text[match.end():] if match else text
+
+
+def _joined(text: str, path: Path, body_of: str) -> str:
+    """The header-only template ``text`` of ``path`` with the body of the template ``body_of`` of
+    its folder after it. That template must hold a body of its own (no chains)."""
+    where, source = f"{path} [template] body", path.with_name(body_of + TEMPLATE_SUFFIX)
+    if source == path or not source.is_file():
+        raise TemplateError(f"{where}: {body_of!r} is not another template of {path.parent}; name the template "
+                            f"whose body this one renders, without {TEMPLATE_SUFFIX}, e.g. body = \"baseline\"")
+    source_text = _read(source)
+    if "body" in _header(source_text, str(source)).get("template", {}):
+        raise TemplateError(f"{where}: {source.name} takes its body from another template itself; name the "
+                            "template that holds the body")
+    if _body(text).strip():
+        raise TemplateError(f"{where}: the template has a body of its own; a template with [template] body is "
+                            "a header alone, so remove its body or the key")
+    return _HEADER.match(text).group(0) + _body(source_text)  # type: ignore[union-attr]
+
+
+def _check_body_of(body_of: Any, text: str, where: str) -> None:
+    """``[template] body``: a template file name of the folder, and a text that holds the body
+    (joined when the file was loaded; a text on its own must carry it)."""
+    if body_of is None:
+        return
+    if not isinstance(body_of, str) or not _BODY_NAME.fullmatch(body_of):
+        raise TemplateError(f'{where} [template] body: must name a template of the same folder without '
+                            f'{TEMPLATE_SUFFIX}, e.g. body = "baseline"')
+    if not _body(text).strip():
+        raise TemplateError(f"{where} [template] body: the body of {body_of}{TEMPLATE_SUFFIX} is joined to this "
+                            "header when the template is loaded from its folder; a template text on its own "
+                            "must hold its body")
+
+
+def _ties(ties: Any, space: Space, where: str) -> dict[str, str]:
+    """``[ties]``: body variable -> the parameter whose value it takes; a tied name is not a parameter."""
+    for name, parameter in ties.items():
+        if name in space.names:
+            raise TemplateError(f"{where} [ties] {name}: is a [space] parameter; a tie gives a body variable that "
+                                "is not searched the value of one that is")
+        if not isinstance(parameter, str) or parameter not in space.names:
+            raise TemplateError(f"{where} [ties] {name}: must name the [space] parameter whose value it takes, "
+                                f"e.g. {name} = \"{space.names[0]}\"; the space has {', '.join(space.names)}")
+    return dict(ties)
 
 
 def _check_keys(info: Any, where: str) -> None:

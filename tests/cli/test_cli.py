@@ -300,3 +300,13 @@ def test_a_search_ends_with_a_short_summary_not_the_report(tmp_path, monkeypatch
     assert "report: reports/toysum/REPORT.md" in out
     assert "Speedup over the human baseline" not in out  # the report's sections stay in its file
     assert (tmp_path / "reports/toysum/REPORT.md").is_file()
+
+
+def test_a_template_that_renders_the_baselines_body_lists_its_ties_and_renders_them():
+    kernels = ROOT / "kernels"
+    listing = invoke("templates", "moe/gpt_oss_experts", kernels=kernels)
+    assert listing.exit_code == 0, listing.output
+    assert "ties (not searched): BLOCK_SIZE_N2 = BLOCK_SIZE_N, BLOCK_SIZE_K2 = BLOCK_SIZE_K" in listing.output
+    result = invoke("render", "moe/gpt_oss_experts/vllm_tied", "num_warps=8", "BLOCK_SIZE_K=128", kernels=kernels)
+    assert result.exit_code == 0, result.output
+    assert "\nNUM_WARPS2 = 8\n" in result.output and "\nBLOCK_SIZE_K2 = 128\n" in result.output

@@ -63,6 +63,8 @@ def space_lines(template) -> list[str]:
         lines.append(f"  {name.ljust(width)}  {', '.join(cells)}")
     constraints = [c.text for c in template.space.constraints]
     lines.append("  constraints: " + ("; ".join(constraints) if constraints else "none"))
+    if template.ties:
+        lines.append("  ties (not searched): " + ", ".join(f"{k} = {v}" for k, v in template.ties.items()))
     if template.role == "baseline":
         lines.append(f"  baseline source: {template.baseline_source}")
         if template.baseline_rules:
