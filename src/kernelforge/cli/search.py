@@ -175,7 +175,8 @@ def strategy_bench(path: str, strategies: str | None, seeds: int, first_seed: in
     """Compare search strategies on recorded tuning spaces: PATH is a Kernel Tuner cache file, or a
     folder whose every *.json / *.json.gz is one. Per space and strategy, over SEEDS seeds: evaluations
     to get within 1%, 5% and 10% of the optimum, best/optimum after 10-200 evaluations and the area
-    under that curve, time per ask.
+    under that curve, time per ask; then, against tpe and random, whether each strategy meets the
+    goals auto is held to (docs/strategies.md).
     Configurations absent from a cache are infeasible (never asked, never counted); recorded failures
     count as evaluations."""
     from kernelforge.strategies.bench.markdown import format_markdown

@@ -38,3 +38,21 @@ def slice_transfer_runs(folder: Path) -> dict[tuple[str, str], dict]:
                     assert (space["warm_from"] is None) == (kind == "cold")
                     runs[kind, space["space"]] = next(s for s in space["strategies"] if s["strategy"] == "auto")
     return runs
+
+
+def space_bench(space: dict):
+    """A stored space of ``strategy-bench --json`` as the bench's :class:`SpaceBench`, with the
+    figures its rows hold (medians, hit rates, checkpoints), not its runs: what the goals read."""
+    from kernelforge.strategies.bench.run import BenchRow, SpaceBench
+
+    rows = tuple(BenchRow(
+        strategy=s["strategy"], seeds=space["seeds"], budget=space["budget"], optimum=space["optimum_ms"],
+        median_evaluations={float(t): v for t, v in s["median_evaluations"].items()},
+        hit_rate={float(t): v for t, v in s["hit_rate"].items()},
+        median_best_ratio=s["median_best_ratio"] if s["median_best_ratio"] is not None else float("inf"),
+        median_best_ratio_at={int(c): v if v is not None else float("inf") for c, v in s["median_best_ratio_at"].items()},
+        ask_ms_median=s["ask_ms_median"], ask_ms_p95=s["ask_ms_p95"], median_free_tells=s["median_free_tells"],
+        seconds=s["seconds"], runs=()) for s in space["strategies"])
+    return SpaceBench(name=space["space"], device=space["device"], feasible=space["feasible"],
+                      grid_size=space["grid_size"], optimum=space["optimum_ms"], optimum_point=space["optimum_point"],
+                      budget=space["budget"], seeds=space["seeds"], rows=rows)

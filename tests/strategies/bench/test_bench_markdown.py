@@ -43,7 +43,7 @@ def interval(value: float, bounds: list[float]) -> str:
 
 def test_each_metric_is_one_table_over_the_spaces_with_the_runs_figures(bench):
     data, text = bench
-    evaluations, checkpoints, areas = markdown_tables(text)
+    evaluations, checkpoints, areas, goals = markdown_tables(text)
     assert evaluations[0] == ["space", "feasible of grid", "auto", "tpe", "random", "auto / tpe", "95% interval"]
     assert [row[0] for row in evaluations[2:]] == ["k_a (GPU A)", "k_b (GPU B)"]
     expected_checkpoints = []
@@ -67,6 +67,15 @@ def test_each_metric_is_one_table_over_the_spaces_with_the_runs_figures(bench):
     assert checkpoints[0] == ["space", "evaluations", "auto", "tpe", "random", "auto / tpe"]
     assert checkpoints[2:] == expected_checkpoints and len(expected_checkpoints) == 4  # 10 and 25, two spaces
     assert areas[0] == ["space", "auto", "tpe", "random"]
+    # The goals: auto's figures against tpe's and random's, from the same run.
+    assert goals[0] == ["space", "strategy", "goal", "value", "tpe's or random's", "verdict"]
+    for space in data["spaces"]:
+        by_name = {s["strategy"]: s for s in space["strategies"]}
+        mine = [row for row in goals[2:] if row[0].startswith(space["space"] + " ")]
+        assert [row[1] for row in mine] == ["auto"] * 4  # three on evaluations, one at 25 (the budget is 30)
+        assert mine[1][3:5] == [f"{round(100 * by_name[n]['hit_rate']['0.01'])}%" for n in ("auto", "tpe")]
+        assert mine[3][3:5] == [f"{by_name[n]['median_best_ratio_at']['25']:.3f}" for n in ("auto", "tpe")]
+        assert all(row[5] in ("met", "missed", "n/a") for row in mine)
 
 
 def test_without_the_reference_no_fraction_is_shown_and_a_stop_is_said(tmp_path):

@@ -14,7 +14,7 @@ import pytest
 from kernelforge.strategies.bench import anytime
 from kernelforge.strategies.bench.run import fraction_interval
 from markdown_tables import markdown_tables, section
-from stored_runs import slice_transfer_runs
+from stored_runs import slice_transfer_runs, space_bench
 
 REPORT = Path(__file__).resolve().parents[3] / "reports" / "strategy-bench"
 README = REPORT / "README.md"
@@ -105,6 +105,16 @@ def test_the_headline_evaluations_table_is_the_stored_run(headline):
     assert [row[0] for row in tables[0]] == list(LABELS.values())
     space = data["spaces"][0]
     assert f"--seeds {space['seeds']} \\\n        --budget {space['budget']}" in section and not space["stopped_at_1pct"]
+
+
+def test_the_headline_goals_are_the_stored_run_read_by_the_bench():
+    from kernelforge.strategies.bench.goals import Verdict, goals, tally
+
+    found = [goal for space in _load(HEADLINES[0][1])["spaces"] for goal in goals(space_bench(space))]
+    counts = tally(found)
+    assert {g.strategy for g in found} == {"auto"} and len(found) == 5 * 6
+    met, missed = counts[Verdict.MET], counts[Verdict.MISSED]
+    assert f"The bench's goals on this run: met {met} of {len(found)}, missed {missed}" in _section(HEADLINES[0][0])
 
 
 def test_the_headline_checkpoint_table_is_the_stored_run(headline):

@@ -6,8 +6,9 @@
 - :mod:`.anytime`: how good the best found is after any number of evaluations.
 - :mod:`.stats`: percentiles and bootstrap intervals.
 - :mod:`.compare`: each strategy against TPE, in evaluations to 1% and at each checkpoint.
+- :mod:`.goals`: the bar a strategy is held to on each space (against TPE and random), met or missed.
 - :mod:`.report`: the bench's tables, the summary against TPE and the JSON file.
 - :mod:`.markdown`: one Markdown table per metric over every space, for a write-up.
 """
 
-__all__ = ["recorded", "slices", "run", "anytime", "stats", "compare", "report", "markdown"]
+__all__ = ["recorded", "slices", "run", "anytime", "stats", "compare", "goals", "report", "markdown"]

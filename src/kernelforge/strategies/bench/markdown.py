@@ -11,7 +11,9 @@ the form of the bench README's first section (``strategy-bench --markdown FILE``
 2. **median best/optimum after n evaluations**, per checkpoint within the budget, with its
    interval, and the same strategies as a fraction of the reference's with its interval (``-``
    where some seed of either had found nothing by then);
-3. **the area under the anytime curve**, with its interval.
+3. **the area under the anytime curve**, with its interval;
+4. **the goals** of :mod:`.goals` (when the reference and ``random`` were benched): per space and
+   strategy, each goal with both figures and its verdict.
 
 Every figure is one the bench computed (:class:`~.run.BenchRow`, :mod:`.compare`), formatted
 here only; intervals are at :data:`~.stats.LEVEL` (95%).
@@ -23,21 +25,22 @@ import math
 from typing import Sequence
 
 from kernelforge.strategies.bench.compare import Relative, relative
-from kernelforge.strategies.bench.run import LEVEL, REFERENCE, THRESHOLDS, BenchRow, SpaceBench
+from kernelforge.strategies.bench.goals import Goal, Verdict, goals, tally
+from kernelforge.strategies.bench.run import FLOOR, LEVEL, REFERENCE, THRESHOLDS, BenchRow, SpaceBench
 
 __all__ = ["format_markdown"]
 
-#: The strategy every figure is read against, never compared with the reference in a column.
-FLOOR = "random"
-
 
 def format_markdown(results: Sequence[SpaceBench]) -> str:
-    """The three tables of the module docstring ("" for no results)."""
+    """The tables of the module docstring ("" for no results)."""
     if not results:
         return ""
     names = [row.strategy for row in results[0].rows]
     compared = [n for n in names if n not in (REFERENCE, FLOOR)] if REFERENCE in names else []
     parts = [_evaluations(results, names, compared), _checkpoints(results, names, compared), _areas(results, names)]
+    found = [goal for result in results for goal in goals(result)]
+    if found:
+        parts.append(_goals(results, found))
     return "\n\n".join(parts) + "\n"
 
 
@@ -122,3 +125,13 @@ def _areas(results: Sequence[SpaceBench], names: list[str]) -> str:
         rows.append([_label(result), *(_with_interval(by_name[n].area, by_name[n].area_interval) for n in names)])
     return ("**Area under the anytime curve** (mean optimum/best over the budget; 1.0: the optimum from the "
             f"first evaluation) with its {LEVEL:.0%} interval\n\n" + _table(["space", *names], rows))
+
+
+def _goals(results: Sequence[SpaceBench], found: Sequence[Goal]) -> str:
+    labels = {result.name: _label(result) for result in results}
+    rows = [[labels[g.space], g.strategy, g.goal, g.value, g.against, g.verdict.value] for g in found]
+    counts = tally(found)
+    return (f"**Goals** (met {counts[Verdict.MET]}, missed {counts[Verdict.MISSED]}, not applicable "
+            f"{counts[Verdict.NOT_APPLICABLE]}): each strategy against {REFERENCE} and {FLOOR}; a miss of 1% "
+            "counts as budget+1\n\n"
+            + _table(["space", "strategy", "goal", "value", f"{REFERENCE}'s or {FLOOR}'s", "verdict"], rows))

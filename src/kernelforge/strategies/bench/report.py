@@ -5,7 +5,7 @@ figures, and a second table of the anytime figures: best/optimum after 10/25/50/
 evaluations, the normalised area under that curve with its 95% interval, and time per ask);
 :func:`format_summary` one line per space comparing each strategy with ``tpe`` in evaluations to 1%,
 one comparing their best/optimum at the checkpoints (:mod:`.compare`), then one line per space
-of every strategy's anytime figures; :func:`to_json` is
+of every strategy's anytime figures, and the goals of :mod:`.goals` met or missed; :func:`to_json` is
 the one conversion of the bench's records to JSON (:func:`write_json` writes it).
 
 JSON shape (``version`` 1)::
@@ -44,7 +44,8 @@ from typing import Any, Sequence
 
 from kernelforge.errors import UserError
 from kernelforge.strategies.bench.compare import Relative, relative
-from kernelforge.strategies.bench.run import (LEVEL, REFERENCE, THRESHOLDS, BenchRow, BenchRun, SpaceBench,
+from kernelforge.strategies.bench.goals import Verdict, goals, tally
+from kernelforge.strategies.bench.run import (FLOOR, LEVEL, REFERENCE, THRESHOLDS, BenchRow, BenchRun, SpaceBench,
                                           percentile)
 
 JSON_VERSION = 1
@@ -142,14 +143,15 @@ def format_summary(results: Sequence[SpaceBench]) -> str:
     """One line per space: each strategy's median evaluations to 1% as a fraction of tpe's, and
     its hit rate to 1% against tpe's; then one line per space of each strategy's median
     best/optimum at the checkpoints as a fraction of tpe's, with intervals (none of either when tpe
-    was not benched or is alone); then :func:`format_anytime` ("" when there is nothing)."""
+    was not benched or is alone); then :func:`format_anytime` and :func:`format_goals` ("" when
+    there is nothing)."""
     lines, at_lines = [], []
     for result in results:
         relatives = relative(result)
         if relatives:
             lines.append(f"{result.name}: " + "; ".join(_relative_text(r) for r in relatives))
             at_lines.append(f"{result.name}: " + "; ".join(_checkpoints_text(r) for r in relatives))
-    anytime = format_anytime(results)
+    anytime = "\n\n".join(part for part in (format_anytime(results), format_goals(results)) if part)
     if not lines:
         return anytime
     return (f"evaluations to 1% as a fraction of {REFERENCE}'s (below 1: fewer; >x or <x: a bound, one side "
@@ -160,6 +162,20 @@ def format_summary(results: Sequence[SpaceBench]) -> str:
             + ("; runs stopped within 1%: past a stop, the best at the stop" if any(r.stopped for r in results) else "")
             + "):\n"
             + "\n".join(at_lines) + ("\n\n" + anytime if anytime else ""))
+
+
+def format_goals(results: Sequence[SpaceBench]) -> str:
+    """One line per goal of :mod:`.goals` (space, strategy, verdict, the goal, both figures), under
+    a count of each verdict ("" when the reference or the floor was not benched)."""
+    found = [goal for result in results for goal in goals(result)]
+    if not found:
+        return ""
+    counts = tally(found)
+    return (f"goals against {REFERENCE} and {FLOOR} (medians; a miss of 1% counts as budget+1): met "
+            f"{counts[Verdict.MET]}, missed {counts[Verdict.MISSED]}, not applicable "
+            f"{counts[Verdict.NOT_APPLICABLE]}\n"
+            + "\n".join(f"{g.space} {g.strategy}: {g.verdict.value}, {g.goal} ({g.value} against {g.against})"
+                        for g in found))
 
 
 def format_anytime(results: Sequence[SpaceBench]) -> str:

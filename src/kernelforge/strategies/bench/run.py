@@ -56,6 +56,8 @@ from kernelforge.strategies.transfer import WarmStart, warm_start
 THRESHOLDS = (0.01, 0.05, 0.10)
 #: The strategy the summary compares the others with (Optuna's default).
 REFERENCE = "tpe"
+#: The strategy every figure is read against as the floor, never compared with the reference.
+FLOOR = "random"
 
 
 def default_strategies() -> tuple[str, ...]:

@@ -1,0 +1,114 @@
+"""The bar a strategy is held to on a space: met, missed or not applicable, each with its figures.
+
+``auto`` exists to beat the reference (``tpe``, Optuna's default) on spaces it has never seen, so
+a bench of new recorded spaces should say plainly whether it does. Per space, each strategy other
+than the reference and the floor (``random``) is read against both:
+
+1. **Fewer evaluations:** its median evaluations to 1% is at most :data:`FRACTION` (two thirds) of
+   the reference's, wherever the reference needs more than :data:`QUICK` (30) evaluations; where
+   the reference is quicker the goal does not apply (a few evaluations apart is noise there).
+2. **As reliable:** its hit rate to 1% within the budget is at least the reference's.
+3. **Never worse than random:** its median evaluations to 1% is at most random's.
+4. **Early budgets:** at each of :data:`EARLY` (25, 50 and 100 evaluations) within the budget,
+   its median best/optimum is no worse than the reference's.
+
+Medians count a seed that missed 1% as ``budget + 1``, as every figure of the bench does, so a
+strategy that missed in most seeds never meets goal 1 or 3. The transfer goal (a warm start at
+least halves the evaluations against a cold one, and is never worse) needs a cold and a warm bench
+of the same spaces; ``benchmarks/anytime_variants.py --warm-from`` measures it. Ask time is
+measured by ``benchmarks/ask_time.py``, not here (a bench's asks run beside each other).
+
+Every figure comes from the bench's rows (:class:`~.run.BenchRow`); this module only compares.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from kernelforge.strategies.bench.run import FLOOR, REFERENCE, THRESHOLDS, BenchRow, SpaceBench
+
+__all__ = ["EARLY", "FRACTION", "QUICK", "Goal", "Verdict", "goals", "tally"]
+
+#: Goal 1: at most this fraction of the reference's median evaluations to 1%.
+FRACTION = 2 / 3
+#: Goal 1 applies where the reference's median evaluations to 1% is above this.
+QUICK = 30
+#: Goal 4: the checkpoints (evaluations) of the early budgets.
+EARLY = (25, 50, 100)
+
+
+class Verdict(enum.Enum):
+    MET = "met"
+    MISSED = "missed"
+    NOT_APPLICABLE = "n/a"
+
+
+@dataclass(frozen=True)
+class Goal:
+    """One goal of one strategy on one space: what it asks (``goal``), the two figures it compares
+    (``value`` the strategy's, ``against`` the reference's or random's, as printed) and the verdict."""
+
+    space: str
+    strategy: str
+    goal: str
+    value: str
+    against: str
+    verdict: Verdict
+
+
+def goals(result: SpaceBench) -> tuple[Goal, ...]:
+    """Every goal of every strategy of ``result`` but the reference and the floor (module
+    docstring); empty when either of those two was not benched."""
+    rows = {row.strategy: row for row in result.rows}
+    ref, floor = rows.get(REFERENCE), rows.get(FLOOR)
+    if ref is None or floor is None:
+        return ()
+    out: list[Goal] = []
+    for row in result.rows:
+        if row.strategy not in (REFERENCE, FLOOR):
+            out += [_goal(result, row, *check) for check in _checks(row, ref, floor)]
+    return tuple(out)
+
+
+def tally(found: Sequence[Goal]) -> dict[Verdict, int]:
+    """How many goals have each verdict."""
+    return {verdict: sum(g.verdict is verdict for g in found) for verdict in Verdict}
+
+
+def _checks(row: BenchRow, ref: BenchRow, floor: BenchRow) -> list[tuple[str, str, str, Verdict]]:
+    t = THRESHOLDS[0]
+    mine, theirs, random = (x.median_evaluations[t] for x in (row, ref, floor))
+    out = [
+        (f"evaluations to 1% at most {FRACTION:.2f} of {REFERENCE}'s where {REFERENCE} needs more than {QUICK}",
+         _evaluations(mine, row.budget), _evaluations(theirs, ref.budget),
+         Verdict.NOT_APPLICABLE if theirs <= QUICK else _verdict(mine <= row.budget and mine <= FRACTION * theirs)),
+        (f"hit rate to 1% at least {REFERENCE}'s", f"{row.hit_rate[t]:.0%}", f"{ref.hit_rate[t]:.0%}",
+         _verdict(row.hit_rate[t] >= ref.hit_rate[t])),
+        (f"evaluations to 1% at most {FLOOR}'s", _evaluations(mine, row.budget), _evaluations(random, floor.budget),
+         _verdict(mine <= row.budget and mine <= random)),
+    ]
+    for c in EARLY:
+        if c in row.median_best_ratio_at and c in ref.median_best_ratio_at:
+            a, b = row.median_best_ratio_at[c], ref.median_best_ratio_at[c]
+            out.append((f"median best/optimum after {c} evaluations at most {REFERENCE}'s", _ratio(a), _ratio(b),
+                        _verdict(math.isfinite(a) and a <= b)))
+    return out
+
+
+def _goal(result: SpaceBench, row: BenchRow, goal: str, value: str, against: str, verdict: Verdict) -> Goal:
+    return Goal(space=result.name, strategy=row.strategy, goal=goal, value=value, against=against, verdict=verdict)
+
+
+def _verdict(holds: bool) -> Verdict:
+    return Verdict.MET if holds else Verdict.MISSED
+
+
+def _evaluations(median: float, budget: int) -> str:
+    return f">{budget}" if median > budget else f"{median:g}"
+
+
+def _ratio(value: float) -> str:
+    return f"{value:.3f}" if math.isfinite(value) else "none found"
