@@ -247,6 +247,7 @@ def test_a_header_only_template_renders_another_templates_body_with_its_ties(tmp
     wide = Template.from_file(folder / "wide.py.j2", "toy/axpy")
     tied = Template.from_file(folder / "tied.py.j2", "toy/axpy")
     assert tied.space.names == ("BLOCK", "num_warps") and tied.ties == {"WARPS2": "num_warps"}
+    assert tied.body_of == "wide" and wide.body_of is None and not wide.ties
     assert tied.render({"BLOCK": 32, "num_warps": 4}) == wide.render({"BLOCK": 32, "num_warps": 4, "WARPS2": 4})
     assert tied.render_baseline() == "BLOCK = 16\nWARPS = 2, 2\n"
     # Its text is the whole template (what a store or an LLM prompt holds), and parses on its own.

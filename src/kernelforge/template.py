@@ -91,7 +91,8 @@ class Template:
     ``baseline`` is the ``[baseline]`` point; ``baseline_rules`` the parsed ``[[baselines]]``
     (empty for most templates: then every shape's baseline is ``baseline``) and
     ``baseline_source`` where ``[baseline]`` comes from. ``ties`` maps a body variable to the
-    parameter whose value it takes at every point (``[ties]``; empty for most templates).
+    parameter whose value it takes at every point (``[ties]``; empty for most templates), and
+    ``body_of`` names the template whose body this one's is (``[template] body``; None for most).
     """
 
     id: str
@@ -106,6 +107,7 @@ class Template:
     baseline_source: str = DEFAULT_SOURCE
     baseline_rules: tuple[BaselineRule, ...] = ()
     ties: Mapping[str, str] = field(default_factory=dict)
+    body_of: str | None = None
 
     @classmethod
     def from_file(cls, path: Path, block_id: str) -> "Template":
@@ -197,6 +199,7 @@ class Template:
             baseline_source=baseline_source,
             baseline_rules=rules,
             ties=ties,
+            body_of=info.get("body"),
         )
 
     def as_proposed(self) -> "Template":

@@ -307,6 +307,7 @@ def test_a_template_that_renders_the_baselines_body_lists_its_ties_and_renders_t
     listing = invoke("templates", "moe/gpt_oss_experts", kernels=kernels)
     assert listing.exit_code == 0, listing.output
     assert "ties (not searched): BLOCK_SIZE_N2 = BLOCK_SIZE_N, BLOCK_SIZE_K2 = BLOCK_SIZE_K" in listing.output
+    assert "  body: baseline's\n" in listing.output
     result = invoke("render", "moe/gpt_oss_experts/vllm_tied", "num_warps=8", "BLOCK_SIZE_K=128", kernels=kernels)
     assert result.exit_code == 0, result.output
     assert "\nNUM_WARPS2 = 8\n" in result.output and "\nBLOCK_SIZE_K2 = 128\n" in result.output

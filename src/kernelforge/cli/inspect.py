@@ -63,6 +63,8 @@ def space_lines(template) -> list[str]:
         lines.append(f"  {name.ljust(width)}  {', '.join(cells)}")
     constraints = [c.text for c in template.space.constraints]
     lines.append("  constraints: " + ("; ".join(constraints) if constraints else "none"))
+    if template.body_of:
+        lines.append(f"  body: {template.body_of}'s")
     if template.ties:
         lines.append("  ties (not searched): " + ", ".join(f"{k} = {v}" for k, v in template.ties.items()))
     if template.role == "baseline":
