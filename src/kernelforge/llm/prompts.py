@@ -27,6 +27,7 @@ import jinja2
 
 from kernelforge.objective import by_candidate, rank, speedup
 from kernelforge.block import Block, Shape
+from kernelforge.environment import Timings, timings_of
 from kernelforge.llm.target import TargetGPU
 from kernelforge.result import format_seconds
 
@@ -154,9 +155,9 @@ def device_facts(env: dict[str, Any], block: Block, shapes: list[Shape], dtype, 
     """What the model should know about the device: its ceilings and the baseline's place under them."""
     from kernelforge.devices.hardware import ceilings_for
 
-    device = env.get("device", "")
-    timing = env.get("timing") or ("interpreter wall time" if device == "interpret" else "GPU time")
-    if device == "interpret":
+    interpreter = timings_of(env) is Timings.INTERPRETER
+    timing = env.get("timing") or ("interpreter wall time" if interpreter else "GPU time")
+    if interpreter:
         return {"timing": timing, "roofline": [], "description": (
             "This search verifies and times in Triton's interpreter on a CPU (no GPU here). Correctness is "
             "real; the times are interpreter wall time, not GPU speed: they grow with programs x loop "
@@ -283,7 +284,7 @@ def verification_facts(block: Block, dtype_name: str, env: dict[str, Any], timed
         if held:
             break
     return {"tolerances": list(_tolerances(type(block), block.id, dtype_name, device_type)),
-            "held_out": held[:MAX_PRODUCTION], "interpreter": device == "interpret"}
+            "held_out": held[:MAX_PRODUCTION], "interpreter": timings_of(env) is Timings.INTERPRETER}
 
 
 def new_prompt(*, block: Block, dtype_name: str, shapes: list[Shape], baseline: Any, baseline_point: dict,

@@ -24,6 +24,7 @@ from kernelforge.candidate import Candidate
 from kernelforge.catalog import Catalog
 from kernelforge.devices.base import quantiles
 from kernelforge.devices.hardware import Ceilings, assess, ceilings_for, timed_device_name
+from kernelforge.environment import Timings, timings_of
 from kernelforge.job import BlockSpec, Job, Tune
 from kernelforge.objective import (baseline_results, by_candidate, geomean, geomean_speedup, rank, speedup,
                                    speedup_spread)
@@ -318,13 +319,13 @@ def _pick_env(rows: list[StoredResult], baselines: Baselines) -> str | None:
 
 def _banner(env: dict[str, Any]) -> Banner | None:
     """What to say above numbers that are not live GPU timings (None for a real GPU)."""
-    device = str(env.get("device", ""))
-    if device == "interpret" or "interpreter" in str(env.get("timing", "")):
+    timings = timings_of(env)
+    if timings is Timings.INTERPRETER:
         return Banner(kind="interpret", device_name=str(env.get("device_name", "")),
                       text=f"Interpreter timings: {env.get('timing', 'interpreter wall time')}. These are Triton "
                            "interpreter wall times on the CPU; they measure no GPU and say nothing about GPU speed. "
                            "Correctness results are real.")
-    if device == "replay":
+    if timings is Timings.REPLAYED:
         return Banner(kind="replay", device_name=str(env.get("device_name", "")),
                       text=f"Replayed timings: {env.get('timing', 'replayed')}. The numbers were measured earlier on "
                            f"{env.get('recorded_device', '?')} and are read back from a recording, not measured now.")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Sequence
 
+from kernelforge.environment import Timings, timings_of
 from kernelforge.report.format import (baseline_ref, baseline_spread_text, baselines_text, fmt_delta, fmt_joules,
                                        fmt_speedup, fmt_time, inert_text, measured_text, params_text, roofline_cells,
                                        same_work_as, search_text, speedup_text)
@@ -18,10 +19,6 @@ from kernelforge.report.moe_table import moe_markdown
 from kernelforge.report.pareto import front_markdown
 from kernelforge.report.projection.of_report import NOTHING_PROJECTED
 from kernelforge.report.records import BlockReport, Confirmation, PhaseRow, ProjectionReport, Report, ShapeRow
-
-#: Device kinds whose timings are not live GPU measurements: they get a banner everywhere.
-LABELLED_DEVICES = ("interpret", "replay")
-
 
 def results_json(report: Report) -> str:
     """results.json: every record of the report as plain data."""
@@ -40,7 +37,7 @@ def to_markdown(report: Report) -> str:
     if report.dashboard:  # every evaluation as a trial of the job's Optuna studies
         lines.extend([f"Optuna dashboard of every evaluation: `{report.dashboard}` (`kernelforge dashboard {report.job}` refreshes and opens it).", ""])
     for env in report.environments.values():
-        if env.get("device") in LABELLED_DEVICES or "interpreter" in str(env.get("timing", "")):
+        if timings_of(env) is not Timings.GPU:  # interpreter or replayed timings: a banner everywhere
             lines.append(f"> **{env.get('timing', env.get('device'))}** ({env.get('device_name')}): "
                          "these timings are not GPU measurements of speed.")
             lines.append("")

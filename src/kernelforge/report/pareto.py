@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 
 from markupsafe import Markup
 
+from kernelforge.environment import Timings, timings_of
 from kernelforge.objective import geomean
 from kernelforge.result import StoredResult, format_seconds
 
@@ -70,7 +71,7 @@ def energy_note(env: Mapping[str, Any]) -> str | None:
     if env.get("energy") == "NVML energy counter":
         return None
     device = env.get("device_name") or env.get("device") or "this device"
-    if env.get("device") == "interpret" or "interpreter" in str(env.get("timing", "")):
+    if timings_of(env) is Timings.INTERPRETER:
         why = "Triton interpreter"
     else:
         why = str(env.get("energy") or "no NVML")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
+from kernelforge.environment import Timings, timings_of
 from kernelforge.job import Job
 from kernelforge.objective import Objective, energy_ratio, time_ratio
 from kernelforge.result import StoredResult
@@ -30,7 +31,8 @@ def objective_in_effect(job: Job, env: Mapping[str, Any]) -> tuple[Objective, st
     if job.objective is Objective.TIME or energy_measurable(env):
         return job.objective, None
     device = env.get("device_name") or env.get("device") or job.device
-    why = env.get("energy") or ("the Triton interpreter has no energy counter" if job.device == "interpret" else "no NVML")
+    interpreter = timings_of(env) is Timings.INTERPRETER
+    why = env.get("energy") or ("the Triton interpreter has no energy counter" if interpreter else "no NVML")
     return Objective.TIME, f"energy is not measurable on {device} ({why}): tuning for time"
 
 
