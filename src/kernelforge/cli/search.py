@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 from pathlib import Path
 
@@ -165,13 +166,16 @@ def with_llm(job, mode: str | None, model: str | None, key_env: str | None):
               help="A cache file of the same kernel on another GPU: every run first asks its best-ranked points "
                    "(ranks, not times; as many as a search's --warm-start, in its spread order). Only PATH's spaces "
                    "of that kernel are benched, never SPACE itself.")
+@click.option("--with-cold", "with_cold", is_flag=True,
+              help="With --warm-from: also bench every strategy cold on the same spaces and seeds, and read the "
+                   "transfer goals (warm at most half of cold's median evaluations to 1%, and never more).")
 @click.option("--fix", "fixes", multiple=True, metavar="NAME[=V1,V2]",
               help="Bench slices instead of whole spaces: the part of each space where parameter NAME holds one "
                    "value, a slice per value (NAME alone: each of the space's own values with a recorded time; "
                    "repeat for several parameters: a slice per combination). Spaces without NAME are left out.")
 def strategy_bench(path: str, strategies: str | None, seeds: int, first_seed: int, stop: bool, budget: int,
                    jobs: int | None, json_path: str | None, warm_from: str | None = None,
-                   fixes: tuple[str, ...] = (), markdown_path: str | None = None) -> None:
+                   fixes: tuple[str, ...] = (), markdown_path: str | None = None, with_cold: bool = False) -> None:
     """Compare search strategies on recorded tuning spaces: PATH is a Kernel Tuner cache file, or a
     folder whose every *.json / *.json.gz is one. Per space and strategy, over SEEDS seeds: evaluations
     to get within 1%, 5% and 10% of the optimum, best/optimum after 10-200 evaluations and the area
@@ -188,6 +192,8 @@ def strategy_bench(path: str, strategies: str | None, seeds: int, first_seed: in
     for option, target in (("--json", json_path), ("--markdown", markdown_path)):
         if target is not None and not Path(target).resolve().parent.is_dir():
             raise UserError(f"{option} {target}: its folder does not exist; create it or choose another path")
+    if with_cold and warm_from is None:
+        raise UserError("--with-cold compares a warm start with a cold one: add --warm-from SPACE")
     spaces = [load_kernel_tuner_cache(file) for file in cache_files(path)]
     warm = None
     if warm_from is not None:
@@ -198,8 +204,9 @@ def strategy_bench(path: str, strategies: str | None, seeds: int, first_seed: in
     spaces = sliced(spaces, [parse_fix(text) for text in fixes])  # after the warm filter: never a slice of SPACE
     names = default_strategies() if strategies is None else [n.strip() for n in strategies.split(",")]
     results = []
-    for result in bench_spaces(spaces, names, seeds=seeds, budget=budget, jobs=jobs, first_seed=first_seed, stop=stop,
-                               warm=warm):
+    benches = [bench_spaces(spaces, names, seeds=seeds, budget=budget, jobs=jobs, first_seed=first_seed, stop=stop,
+                            warm=start) for start in ((None, warm) if with_cold else (warm,))]
+    for result in itertools.chain(*benches):  # each bench starts when the one before it is done
         results.append(result)
         click.echo(format_space(result) + "\n")
         if json_path is not None:

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
-from kernelforge.strategies.bench.goals import EARLY, QUICK, Verdict, goals, tally
+from kernelforge.cli.main import main
+from kernelforge.strategies.bench.goals import EARLY, QUICK, Verdict, goals, tally, transfer_goals, transfer_pairs
 from kernelforge.strategies.bench.report import format_goals
 from kernelforge.strategies.bench.run import BenchRow, SpaceBench
+from markdown_tables import markdown_tables
 
 BUDGET = 300
 
@@ -73,3 +79,71 @@ def test_no_goal_without_the_reference_or_the_floor_and_the_summary_says_each_ve
     assert text.splitlines()[0].endswith("met 5, missed 1, not applicable 0")
     assert "conv auto: missed, evaluations to 1% at most 0.67 of tpe's where tpe needs more than 30 (61 against 90)" \
         in text
+
+
+# -- transfer: a space benched cold and warm ---------------------------------------------------------
+
+def warm_of(bench: SpaceBench, source: str = "other") -> SpaceBench:
+    return replace(bench, warm_from=source, warm_points=4)
+
+
+@pytest.mark.parametrize("warm_median, verdicts", [
+    (22, [Verdict.MET, Verdict.MET]),        # halves 45
+    (30, [Verdict.MISSED, Verdict.MET]),     # better, not halved
+    (50, [Verdict.MISSED, Verdict.MISSED]),  # worse than cold
+    (BUDGET + 1, [Verdict.MISSED, Verdict.MISSED]),  # missed 1% in most seeds
+])
+def test_a_warm_start_halves_or_is_never_worse_per_strategy(warm_median, verdicts):
+    at = {25: 1.2, 50: 1.0, 100: 1.0}
+    cold = space(row("auto", 45, 1.0, at), TPE, RANDOM)
+    warm = warm_of(space(row("auto", warm_median, 1.0, at), row("tpe", 90, 0.9, at), RANDOM))
+    found = transfer_goals(cold, warm)
+    assert [g.strategy for g in found] == ["auto", "auto", "tpe", "tpe"]  # random is the floor, not judged
+    assert [g.verdict for g in found[:2]] == verdicts
+    assert all("warm from other" in g.goal for g in found) and found[0].against == "45"
+    assert [g.verdict for g in found[2:]] == [Verdict.MISSED, Verdict.MET]  # tpe: 90 against 90
+
+
+def test_only_a_space_benched_both_ways_with_the_same_seeds_and_budget_is_paired():
+    cold = space(row("auto", 45, 1.0, {}), RANDOM)
+    warm = warm_of(space(row("auto", 20, 1.0, {}), RANDOM))
+    assert transfer_pairs([cold, warm]) == [(cold, warm)]
+    assert transfer_pairs([warm]) == [] and transfer_pairs([cold]) == []
+    assert transfer_pairs([replace(cold, seeds=10), warm]) == []
+    assert "transfer goals" in format_goals([cold, warm]) and "transfer goals" not in format_goals([cold])
+
+
+PARAMS = {"bx": [16, 32, 48, 64, 96, 128], "tile": [1, 2, 3, 4]}
+
+
+def _cache(path: Path, best_bx: int, device: str) -> Path:
+    cache = {f"{bx},{tile}": {"time": 1.0 + abs(bx - best_bx) / 16 + abs(tile - 2) * 0.7}
+             for bx in PARAMS["bx"] for tile in PARAMS["tile"]}
+    path.write_text(json.dumps({"device_name": device, "tune_params": PARAMS, "cache": cache}))
+    return path
+
+
+def test_the_bench_runs_cold_then_warm_and_reads_the_transfer_goals_from_the_same_runs(tmp_path):
+    target, source = _cache(tmp_path / "k_a.json", 64, "GPU A"), _cache(tmp_path / "k_b.json", 48, "GPU B")
+    result = CliRunner().invoke(main, ["strategy-bench", str(target), "--warm-from", str(source), "--with-cold",
+                                       "--strategy", "auto", "--seeds", "3", "--budget", "20", "--jobs", "1",
+                                       "--json", str(tmp_path / "b.json"), "--markdown", str(tmp_path / "b.md")])
+    assert result.exit_code == 0, result.output
+    cold, warm = json.loads((tmp_path / "b.json").read_text())["spaces"]
+    assert (cold["warm_from"], warm["warm_from"]) == (None, "k_b") and cold["space"] == warm["space"] == "k_a"
+    medians = [next(s for s in x["strategies"] if s["strategy"] == "auto")["median_evaluations"]["0.01"]
+               for x in (warm, cold)]
+    shown = [f">20" if m > 20 else f"{m:g}" for m in medians]
+    assert f"k_a auto: {'met' if medians[0] <= medians[1] else 'missed'}, warm from k_b: evaluations to 1% at most " \
+           f"cold's ({shown[0]} against {shown[1]})" in result.output
+    assert "k_a (warm from k_b) auto: @10" in result.output
+    tables = markdown_tables((tmp_path / "b.md").read_text())
+    assert [row[0] for row in tables[0][2:]] == ["k_a (GPU A)", "k_a (GPU A), warm from k_b"]
+    assert tables[-1][0] == ["space", "strategy", "goal", "value", "cold", "verdict"]
+    assert [row[3:5] for row in tables[-1][2:]] == [shown, shown]
+
+
+def test_with_cold_needs_a_warm_start():
+    result = CliRunner().invoke(main, ["strategy-bench", "anything.json", "--with-cold"])
+    assert result.exit_code != 0 and "--with-cold compares a warm start with a cold one: add --warm-from SPACE" \
+        in result.output

@@ -16,10 +16,13 @@ Medians count a seed that missed 1% as ``budget + 1``, as every figure of the be
 strategy that missed in most seeds never meets goal 1 or 3. In a bench run with ``--stop`` a
 checkpoint past a run's stop reads its best at the stop (within 1%, perhaps not the best it would
 have found by then), so goal 4 may be decided by under 1% either way there; judge it on runs
-without ``--stop``. The transfer goal (a warm start at
-least halves the evaluations against a cold one, and is never worse) needs a cold and a warm bench
-of the same spaces; ``benchmarks/anytime_variants.py --warm-from`` measures it. Ask time is
-measured by ``benchmarks/ask_time.py``, not here (a bench's asks run beside each other).
+without ``--stop``. Ask time is measured by ``benchmarks/ask_time.py``, not here (a bench's asks
+run beside each other).
+
+The transfer goals (:func:`transfer_goals`) read a warm bench of a space against a cold bench of
+the same space, seeds and budget (``strategy-bench --warm-from SPACE --with-cold``): per strategy,
+its warm median evaluations to 1% is at most :data:`HALF` of its cold one (the warm start halves
+them) and at most its cold one (never worse).
 
 Every figure comes from the bench's rows (:class:`~.run.BenchRow`); this module only compares.
 """
@@ -33,7 +36,7 @@ from typing import Sequence
 
 from kernelforge.strategies.bench.run import FLOOR, REFERENCE, THRESHOLDS, BenchRow, SpaceBench
 
-__all__ = ["EARLY", "FRACTION", "QUICK", "Goal", "Verdict", "goals", "tally"]
+__all__ = ["EARLY", "FRACTION", "HALF", "QUICK", "Goal", "Verdict", "goals", "tally", "transfer_goals", "transfer_pairs"]
 
 #: Goal 1: at most this fraction of the reference's median evaluations to 1%.
 FRACTION = 2 / 3
@@ -41,6 +44,8 @@ FRACTION = 2 / 3
 QUICK = 30
 #: Goal 4: the checkpoints (evaluations) of the early budgets.
 EARLY = (25, 50, 100)
+#: The transfer goal: a warm start needs at most this fraction of a cold start's evaluations to 1%.
+HALF = 0.5
 
 
 class Verdict(enum.Enum):
@@ -73,6 +78,33 @@ def goals(result: SpaceBench) -> tuple[Goal, ...]:
     for row in result.rows:
         if row.strategy not in (REFERENCE, FLOOR):
             out += [_goal(result, row, *check) for check in _checks(row, ref, floor)]
+    return tuple(out)
+
+
+def transfer_pairs(results: Sequence[SpaceBench]) -> list[tuple[SpaceBench, SpaceBench]]:
+    """(cold, warm) for every space of ``results`` benched both cold and warm, with the same seeds
+    and budget, in the warm benches' order."""
+    cold = {r.name: r for r in results if r.warm_from is None}
+    return [(cold[r.name], r) for r in results if r.warm_from is not None and r.name in cold
+            and (cold[r.name].seeds, cold[r.name].budget) == (r.seeds, r.budget)]
+
+
+def transfer_goals(cold: SpaceBench, warm: SpaceBench) -> tuple[Goal, ...]:
+    """Per strategy benched both cold and warm on one space: the warm start halves its median
+    evaluations to 1% (at most :data:`HALF` of the cold one), and is never worse (at most the
+    cold one). A warm median that missed 1% meets neither."""
+    t = THRESHOLDS[0]
+    rows = {row.strategy: row for row in cold.rows}
+    out: list[Goal] = []
+    for row in warm.rows:
+        if row.strategy not in rows or row.strategy == FLOOR:
+            continue
+        mine, theirs = row.median_evaluations[t], rows[row.strategy].median_evaluations[t]
+        hit = mine <= row.budget
+        for goal, limit in ((f"warm from {warm.warm_from}: evaluations to 1% at most half of cold's", HALF * theirs),
+                            (f"warm from {warm.warm_from}: evaluations to 1% at most cold's", theirs)):
+            out.append(_goal(warm, row, goal, _evaluations(mine, row.budget), _evaluations(theirs, row.budget),
+                             _verdict(hit and mine <= limit)))
     return tuple(out)
 
 

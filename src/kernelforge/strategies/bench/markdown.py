@@ -13,7 +13,8 @@ the form of the bench README's first section (``strategy-bench --markdown FILE``
    where some seed of either had found nothing by then);
 3. **the area under the anytime curve**, with its interval;
 4. **the goals** of :mod:`.goals` (when the reference and ``random`` were benched): per space and
-   strategy, each goal with both figures and its verdict.
+   strategy, each goal with both figures and its verdict; and the transfer goals where a space
+   was benched both cold and warm (``--with-cold``).
 
 Every figure is one the bench computed (:class:`~.run.BenchRow`, :mod:`.compare`), formatted
 here only; intervals are at :data:`~.stats.LEVEL` (95%).
@@ -25,7 +26,7 @@ import math
 from typing import Sequence
 
 from kernelforge.strategies.bench.compare import Relative, relative
-from kernelforge.strategies.bench.goals import Goal, Verdict, goals, tally
+from kernelforge.strategies.bench.goals import Goal, Verdict, goals, tally, transfer_goals, transfer_pairs
 from kernelforge.strategies.bench.run import FLOOR, LEVEL, REFERENCE, THRESHOLDS, BenchRow, SpaceBench
 
 __all__ = ["format_markdown"]
@@ -39,13 +40,18 @@ def format_markdown(results: Sequence[SpaceBench]) -> str:
     compared = [n for n in names if n not in (REFERENCE, FLOOR)] if REFERENCE in names else []
     parts = [_evaluations(results, names, compared), _checkpoints(results, names, compared), _areas(results, names)]
     found = [goal for result in results for goal in goals(result)]
+    moved = [goal for cold, warm in transfer_pairs(results) for goal in transfer_goals(cold, warm)]
     if found:
-        parts.append(_goals(results, found))
+        parts.append(_goals(results, found, f"each strategy against {REFERENCE} and {FLOOR}",
+                            f"{REFERENCE}'s or {FLOOR}'s"))
+    if moved:
+        parts.append(_goals(results, moved, "each strategy warm against itself cold", "cold"))
     return "\n\n".join(parts) + "\n"
 
 
 def _label(result: SpaceBench) -> str:
-    return f"{result.name} ({result.device})" if result.device else result.name
+    label = f"{result.name} ({result.device})" if result.device else result.name
+    return f"{label}, warm from {result.warm_from}" if result.warm_from else label
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -127,11 +133,11 @@ def _areas(results: Sequence[SpaceBench], names: list[str]) -> str:
             f"first evaluation) with its {LEVEL:.0%} interval\n\n" + _table(["space", *names], rows))
 
 
-def _goals(results: Sequence[SpaceBench], found: Sequence[Goal]) -> str:
-    labels = {result.name: _label(result) for result in results}
+def _goals(results: Sequence[SpaceBench], found: Sequence[Goal], what: str, against: str) -> str:
+    labels = {result.name: _label(result) for result in results if result.warm_from is None}
+    labels.update({r.name: _label(r) for r in results if r.name not in labels})
     rows = [[labels[g.space], g.strategy, g.goal, g.value, g.against, g.verdict.value] for g in found]
     counts = tally(found)
     return (f"**Goals** (met {counts[Verdict.MET]}, missed {counts[Verdict.MISSED]}, not applicable "
-            f"{counts[Verdict.NOT_APPLICABLE]}): each strategy against {REFERENCE} and {FLOOR}; a miss of 1% "
-            "counts as budget+1\n\n"
-            + _table(["space", "strategy", "goal", "value", f"{REFERENCE}'s or {FLOOR}'s", "verdict"], rows))
+            f"{counts[Verdict.NOT_APPLICABLE]}): {what}; a miss of 1% counts as budget+1\n\n"
+            + _table(["space", "strategy", "goal", "value", against, "verdict"], rows))

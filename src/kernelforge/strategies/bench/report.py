@@ -44,7 +44,7 @@ from typing import Any, Sequence
 
 from kernelforge.errors import UserError
 from kernelforge.strategies.bench.compare import Relative, relative
-from kernelforge.strategies.bench.goals import Verdict, goals, tally
+from kernelforge.strategies.bench.goals import Goal, Verdict, goals, tally, transfer_goals, transfer_pairs
 from kernelforge.strategies.bench.run import (FLOOR, LEVEL, REFERENCE, THRESHOLDS, BenchRow, BenchRun, SpaceBench,
                                           percentile)
 
@@ -128,6 +128,11 @@ def format_space(result: SpaceBench) -> str:
     return head + "\n" + format_table(result.rows)
 
 
+def _called(result: SpaceBench) -> str:
+    """The space's name in a summary line, with the warm start's source (a bench may hold both)."""
+    return f"{result.name} (warm from {result.warm_from})" if result.warm_from else result.name
+
+
 def _relative_text(rel: Relative) -> str:
     fraction = "n/a" if rel.bound == "?" else f"{rel.bound}{rel.fraction:.2f}x"
     interval = f"{LEVEL:.0%} {rel.low:.2f}-{rel.high:.2f}; " if not rel.bound else ""
@@ -149,8 +154,8 @@ def format_summary(results: Sequence[SpaceBench]) -> str:
     for result in results:
         relatives = relative(result)
         if relatives:
-            lines.append(f"{result.name}: " + "; ".join(_relative_text(r) for r in relatives))
-            at_lines.append(f"{result.name}: " + "; ".join(_checkpoints_text(r) for r in relatives))
+            lines.append(f"{_called(result)}: " + "; ".join(_relative_text(r) for r in relatives))
+            at_lines.append(f"{_called(result)}: " + "; ".join(_checkpoints_text(r) for r in relatives))
     anytime = "\n\n".join(part for part in (format_anytime(results), format_goals(results)) if part)
     if not lines:
         return anytime
@@ -166,14 +171,20 @@ def format_summary(results: Sequence[SpaceBench]) -> str:
 
 def format_goals(results: Sequence[SpaceBench]) -> str:
     """One line per goal of :mod:`.goals` (space, strategy, verdict, the goal, both figures), under
-    a count of each verdict ("" when the reference or the floor was not benched)."""
+    a count of each verdict: the goals against the reference and the floor, then the transfer
+    goals of every space benched cold and warm ("" when there are none)."""
     found = [goal for result in results for goal in goals(result)]
+    moved = [goal for cold, warm in transfer_pairs(results) for goal in transfer_goals(cold, warm)]
+    parts = [_goal_lines(f"goals against {REFERENCE} and {FLOOR}", found), _goal_lines("transfer goals", moved)]
+    return "\n\n".join(part for part in parts if part)
+
+
+def _goal_lines(title: str, found: Sequence[Goal]) -> str:
     if not found:
         return ""
     counts = tally(found)
-    return (f"goals against {REFERENCE} and {FLOOR} (medians; a miss of 1% counts as budget+1): met "
-            f"{counts[Verdict.MET]}, missed {counts[Verdict.MISSED]}, not applicable "
-            f"{counts[Verdict.NOT_APPLICABLE]}\n"
+    return (f"{title} (medians; a miss of 1% counts as budget+1): met {counts[Verdict.MET]}, missed "
+            f"{counts[Verdict.MISSED]}, not applicable {counts[Verdict.NOT_APPLICABLE]}\n"
             + "\n".join(f"{g.space} {g.strategy}: {g.verdict.value}, {g.goal} ({g.value} against {g.against})"
                         for g in found))
 
@@ -186,7 +197,7 @@ def format_anytime(results: Sequence[SpaceBench]) -> str:
         for row in result.rows:
             marks = " ".join(f"@{c} {_ratio_text(r)}{_bracket(row.median_best_ratio_interval_at.get(c))}"
                              for c, r in row.median_best_ratio_at.items())
-            lines.append(f"{result.name} {row.strategy}: {marks}; area {row.area:.3f} "
+            lines.append(f"{_called(result)} {row.strategy}: {marks}; area {row.area:.3f} "
                          f"({LEVEL:.0%} {_interval_text(row.area_interval)})")
     if not lines:
         return ""
