@@ -55,4 +55,5 @@ def space_bench(space: dict):
         seconds=s["seconds"], runs=()) for s in space["strategies"])
     return SpaceBench(name=space["space"], device=space["device"], feasible=space["feasible"],
                       grid_size=space["grid_size"], optimum=space["optimum_ms"], optimum_point=space["optimum_point"],
-                      budget=space["budget"], seeds=space["seeds"], rows=rows)
+                      budget=space["budget"], seeds=space["seeds"], rows=rows, stopped=space["stopped_at_1pct"],
+                      warm_from=space["warm_from"], warm_points=space["warm_points"])

@@ -133,7 +133,7 @@ def test_the_bench_runs_cold_then_warm_and_reads_the_transfer_goals_from_the_sam
     assert (cold["warm_from"], warm["warm_from"]) == (None, "k_b") and cold["space"] == warm["space"] == "k_a"
     medians = [next(s for s in x["strategies"] if s["strategy"] == "auto")["median_evaluations"]["0.01"]
                for x in (warm, cold)]
-    shown = [f">20" if m > 20 else f"{m:g}" for m in medians]
+    shown = [">20" if m > 20 else f"{m:g}" for m in medians]
     assert f"k_a auto: {'met' if medians[0] <= medians[1] else 'missed'}, warm from k_b: evaluations to 1% at most " \
            f"cold's ({shown[0]} against {shown[1]})" in result.output
     assert "k_a (warm from k_b) auto: @10" in result.output

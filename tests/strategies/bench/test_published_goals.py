@@ -69,3 +69,40 @@ def test_the_stored_runs_repeat_the_slices_and_stall_sections_runs():
         assert runs["auto"] == stall[space["space"]]["to_1pct"][:20]
         stored = {s["strategy"]: [r["reached"]["0.01"] for r in s["runs"]] for s in before[space["space"]]["strategies"]}
         assert runs["tpe"] == stored["tpe"] and runs["random"] == stored["random"]
+
+
+def _transfer_benches() -> list[list[dict]]:
+    folder = REPORT / "goals-2026-12-07" / "transfer"
+    return [json.loads(gzip.open(folder / f"{name}-{target}.json.gz").read())["spaces"]
+            for target in ("A4000", "W7800") for name in ("whole", "read_only", "use_padding", "use_shmem")]
+
+
+def test_the_transfer_goals_table_is_the_benchs_transfer_goals_of_the_stored_runs():
+    from kernelforge.strategies.bench.goals import transfer_goals, transfer_pairs
+
+    text = section((REPORT / "README.md").read_text(), TITLE)
+    expected, halved, worse = [], 0, 0
+    for spaces in _transfer_benches():
+        assert all(s["seeds"] == 40 and s["budget"] == 200 and s["stopped_at_1pct"] for s in spaces)
+        for cold, warm in transfer_pairs([space_bench(s) for s in spaces]):
+            halves, never = transfer_goals(cold, warm)
+            assert halves.against == never.against and halves.value == never.value
+            expected.append([f"{warm.name} (from {warm.warm_from.split('_')[1]})", halves.against, halves.value,
+                             halves.verdict.value, never.verdict.value])
+            halved += halves.verdict is Verdict.MET
+            worse += never.verdict is Verdict.MISSED
+    assert len(expected) == 14 and markdown_tables(text)[1][2:] == expected
+    assert f"halves the evaluations on {halved} of the 14 pairs, and is never worse on {14 - worse}" in \
+        text.replace("\n  ", " ")
+
+
+def test_the_transfer_runs_repeat_the_stored_warm_and_cold_runs():
+    warm = jsonl_runs(REPORT / "given-2026-12-07" / "warm-real-0-39.jsonl.gz")
+    cold = jsonl_runs(REPORT / "stall-2026-12-07" / "cold-20-0-39.jsonl.gz")
+    for spaces in _transfer_benches():
+        for space in spaces:
+            runs = [r["reached"]["0.01"] for r in next(s for s in space["strategies"] if s["strategy"] == "auto")["runs"]]
+            if space["warm_from"]:
+                assert runs == warm[space["space"]]["to_1pct"]
+            else:  # the stall section's runs had a budget of 300: what they reached after 200 is a miss here
+                assert runs == [n if n is not None and n <= 200 else None for n in cold[space["space"]]["to_1pct"]]
