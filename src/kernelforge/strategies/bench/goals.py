@@ -36,7 +36,8 @@ from typing import Sequence
 
 from kernelforge.strategies.bench.run import FLOOR, REFERENCE, THRESHOLDS, BenchRow, SpaceBench
 
-__all__ = ["EARLY", "FRACTION", "HALF", "QUICK", "Goal", "Verdict", "goals", "tally", "transfer_goals", "transfer_pairs"]
+__all__ = ["EARLY", "FRACTION", "HALF", "QUICK", "Goal", "Verdict", "goals", "tally", "transfer_goals",
+           "transfer_pairs"]
 
 #: Goal 1: at most this fraction of the reference's median evaluations to 1%.
 FRACTION = 2 / 3
@@ -57,7 +58,8 @@ class Verdict(enum.Enum):
 @dataclass(frozen=True)
 class Goal:
     """One goal of one strategy on one space: what it asks (``goal``), the two figures it compares
-    (``value`` the strategy's, ``against`` the reference's or random's, as printed) and the verdict."""
+    (``value`` the strategy's; ``against`` the reference's, random's or, for a transfer goal, its
+    own cold start's; both as printed) and the verdict."""
 
     space: str
     strategy: str
