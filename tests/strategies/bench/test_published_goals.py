@@ -67,7 +67,8 @@ def test_the_stored_runs_repeat_the_slices_and_stall_sections_runs():
     for space in _spaces():
         runs = {s["strategy"]: [r["reached"]["0.01"] for r in s["runs"]] for s in space["strategies"]}
         assert runs["auto"] == stall[space["space"]]["to_1pct"][:20]
-        stored = {s["strategy"]: [r["reached"]["0.01"] for r in s["runs"]] for s in before[space["space"]]["strategies"]}
+        stored = {s["strategy"]: [r["reached"]["0.01"] for r in s["runs"]]
+                  for s in before[space["space"]]["strategies"]}
         assert runs["tpe"] == stored["tpe"] and runs["random"] == stored["random"]
 
 
@@ -101,7 +102,8 @@ def test_the_transfer_runs_repeat_the_stored_warm_and_cold_runs():
     cold = jsonl_runs(REPORT / "stall-2026-12-07" / "cold-20-0-39.jsonl.gz")
     for spaces in _transfer_benches():
         for space in spaces:
-            runs = [r["reached"]["0.01"] for r in next(s for s in space["strategies"] if s["strategy"] == "auto")["runs"]]
+            auto = next(s for s in space["strategies"] if s["strategy"] == "auto")
+            runs = [r["reached"]["0.01"] for r in auto["runs"]]
             if space["warm_from"]:
                 assert runs == warm[space["space"]]["to_1pct"]
             else:  # the stall section's runs had a budget of 300: what they reached after 200 is a miss here
