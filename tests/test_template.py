@@ -289,3 +289,13 @@ def test_a_body_or_a_tie_that_cannot_hold_is_refused_naming_the_file_and_field(t
 def test_a_text_on_its_own_must_hold_the_body_it_names():
     with pytest.raises(TemplateError, match=r"stored \[template\] body: the body of wide.py.j2 is joined"):
         Template.from_text(TIED, template_id="toy/axpy/tied", block_id="toy/axpy", where="stored")
+
+
+def test_a_joined_template_over_the_size_limit_is_refused_naming_the_header_file(tmp_path):
+    from kernelforge.limits import MAX_SOURCE_CHARS
+
+    padded = WIDE + "{# " + "x" * (MAX_SOURCE_CHARS - len(WIDE) - 10) + " #}\n"  # just under the limit alone
+    folder = _folder(tmp_path, wide=padded, tied=TIED)
+    assert Template.from_file(folder / "wide.py.j2", "toy/axpy").body_of is None
+    with pytest.raises(TemplateError, match=r"tied.py.j2: the template has \d+ characters, over the limit"):
+        Template.from_file(folder / "tied.py.j2", "toy/axpy")

@@ -115,11 +115,14 @@ class Template:
         another template's body (``[template] body``) gets that file's body joined to it."""
         name = path.name[: -len(TEMPLATE_SUFFIX)] if path.name.endswith(TEMPLATE_SUFFIX) else path.stem
         text = _read(path)
-        info = _header(text, str(path)).get("template", {})
+        header = _header(text, str(path))
+        info = header.get("template", {})
         body_of = info.get("body") if isinstance(info, dict) else None
         if isinstance(body_of, str) and _BODY_NAME.fullmatch(body_of):
-            text = _joined(text, path, body_of)
-        return cls.from_text(text, template_id=f"{block_id}/{name}", block_id=block_id, where=str(path), path=path)
+            text = _joined(text, path, body_of)  # the same header, so parsed once
+            _check_size(text, str(path))
+        return cls._parsed(text, header, template_id=f"{block_id}/{name}", block_id=block_id, where=str(path),
+                           path=path)
 
     @classmethod
     def from_text(
@@ -128,7 +131,13 @@ class Template:
         """Parse template source ``text``; ``where`` names it in error messages. The body is
         parsed by :func:`kernelforge.render.parse_body` (the sandboxed template language); a text
         over :data:`~kernelforge.limits.MAX_SOURCE_CHARS` is refused before anything else."""
-        header = _header(text, where)
+        return cls._parsed(text, _header(text, where), template_id=template_id, block_id=block_id, where=where,
+                           path=path)
+
+    @classmethod
+    def _parsed(cls, text: str, header: dict[str, Any], *, template_id: str, block_id: str, where: str,
+                path: Path | None) -> "Template":
+        """The template of ``text``, whose TOML header is ``header`` (parsed by :func:`_header`)."""
         info = header.get("template", {})
         _check_keys(info, where)
         unknown_tables = sorted(set(header) - {"template", "space", "baseline", "baselines", "ties"})
@@ -243,11 +252,16 @@ def _read(path: Path) -> str:
         raise TemplateError(f"{path}: cannot read template ({exc.strerror})") from None
 
 
-def _header(text: str, where: str) -> dict[str, Any]:
-    """The TOML header of a template text (its opening Jinja comment), parsed."""
+def _check_size(text: str, where: str) -> None:
     if len(text) > MAX_SOURCE_CHARS:
         raise TemplateError(f"{where}: the template has {len(text)} characters, over the limit of "
                             f"{MAX_SOURCE_CHARS} (MAX_SOURCE_CHARS)")
+
+
+def _header(text: str, where: str) -> dict[str, Any]:
+    """The TOML header of a template text (its opening Jinja comment), parsed; a text over
+    :data:`~kernelforge.limits.MAX_SOURCE_CHARS` is refused first."""
+    _check_size(text, where)
     match = _HEADER.match(text)
     if not match:
         raise TemplateError(

@@ -147,3 +147,13 @@ def test_with_cold_needs_a_warm_start():
     result = CliRunner().invoke(main, ["strategy-bench", "anything.json", "--with-cold"])
     assert result.exit_code != 0 and "--with-cold compares a warm start with a cold one: add --warm-from SPACE" \
         in result.output
+
+
+def test_a_spaces_goals_cold_and_warm_are_told_apart():
+    at = {25: 1.2, 50: 1.0, 100: 1.0}
+    cold = space(row("auto", 45, 1.0, at), TPE, RANDOM)
+    warm = warm_of(space(row("auto", 20, 1.0, at), TPE, RANDOM))
+    assert {g.where for g in goals(cold)} == {"conv"} and {g.where for g in goals(warm)} == {"conv (warm from other)"}
+    text = format_goals([cold, warm])
+    assert "\nconv auto: met, hit rate" in text and "\nconv (warm from other) auto: met, hit rate" in text
+    assert all(g.warm_from is None for g in transfer_goals(cold, warm))  # their goal names the warm start

@@ -36,8 +36,8 @@ from typing import Sequence
 
 from kernelforge.strategies.bench.run import FLOOR, REFERENCE, THRESHOLDS, BenchRow, SpaceBench
 
-__all__ = ["EARLY", "FRACTION", "HALF", "QUICK", "Goal", "Verdict", "goals", "tally", "transfer_goals",
-           "transfer_pairs"]
+__all__ = ["EARLY", "FRACTION", "HALF", "QUICK", "Goal", "Verdict", "bench_goals", "goals", "tally",
+           "transfer_goals", "transfer_pairs"]
 
 #: Goal 1: at most this fraction of the reference's median evaluations to 1%.
 FRACTION = 2 / 3
@@ -59,7 +59,9 @@ class Verdict(enum.Enum):
 class Goal:
     """One goal of one strategy on one space: what it asks (``goal``), the two figures it compares
     (``value`` the strategy's; ``against`` the reference's, random's or, for a transfer goal, its
-    own cold start's; both as printed) and the verdict."""
+    own cold start's; both as printed) and the verdict. ``warm_from``: the warm start of the bench
+    whose figures a goal of :func:`goals` reads (None: a cold bench; a transfer goal names its warm
+    start in ``goal``), so a space benched both ways has its two sets of goals told apart."""
 
     space: str
     strategy: str
@@ -67,6 +69,12 @@ class Goal:
     value: str
     against: str
     verdict: Verdict
+    warm_from: str | None = None
+
+    @property
+    def where(self) -> str:
+        """The space, and the warm start its figures come from."""
+        return f"{self.space} (warm from {self.warm_from})" if self.warm_from else self.space
 
 
 def goals(result: SpaceBench) -> tuple[Goal, ...]:
@@ -79,7 +87,7 @@ def goals(result: SpaceBench) -> tuple[Goal, ...]:
     out: list[Goal] = []
     for row in result.rows:
         if row.strategy not in (REFERENCE, FLOOR):
-            out += [_goal(result, row, *check) for check in _checks(row, ref, floor)]
+            out += [_goal(result, row, *check, warm_from=result.warm_from) for check in _checks(row, ref, floor)]
     return tuple(out)
 
 
@@ -110,6 +118,13 @@ def transfer_goals(cold: SpaceBench, warm: SpaceBench) -> tuple[Goal, ...]:
     return tuple(out)
 
 
+def bench_goals(results: Sequence[SpaceBench]) -> tuple[tuple[Goal, ...], tuple[Goal, ...]]:
+    """Every goal of a bench's ``results``: the goals of each space (:func:`goals`), and the
+    transfer goals of each space benched cold and warm (:func:`transfer_goals`)."""
+    return (tuple(goal for result in results for goal in goals(result)),
+            tuple(goal for cold, warm in transfer_pairs(results) for goal in transfer_goals(cold, warm)))
+
+
 def tally(found: Sequence[Goal]) -> dict[Verdict, int]:
     """How many goals have each verdict."""
     return {verdict: sum(g.verdict is verdict for g in found) for verdict in Verdict}
@@ -135,8 +150,10 @@ def _checks(row: BenchRow, ref: BenchRow, floor: BenchRow) -> list[tuple[str, st
     return out
 
 
-def _goal(result: SpaceBench, row: BenchRow, goal: str, value: str, against: str, verdict: Verdict) -> Goal:
-    return Goal(space=result.name, strategy=row.strategy, goal=goal, value=value, against=against, verdict=verdict)
+def _goal(result: SpaceBench, row: BenchRow, goal: str, value: str, against: str, verdict: Verdict, *,
+          warm_from: str | None = None) -> Goal:
+    return Goal(space=result.name, strategy=row.strategy, goal=goal, value=value, against=against, verdict=verdict,
+                warm_from=warm_from)
 
 
 def _verdict(holds: bool) -> Verdict:

@@ -26,7 +26,7 @@ import math
 from typing import Sequence
 
 from kernelforge.strategies.bench.compare import Relative, relative
-from kernelforge.strategies.bench.goals import Goal, Verdict, goals, tally, transfer_goals, transfer_pairs
+from kernelforge.strategies.bench.goals import Goal, Verdict, bench_goals, tally
 from kernelforge.strategies.bench.run import FLOOR, LEVEL, REFERENCE, THRESHOLDS, BenchRow, SpaceBench
 
 __all__ = ["format_markdown"]
@@ -39,8 +39,7 @@ def format_markdown(results: Sequence[SpaceBench]) -> str:
     names = [row.strategy for row in results[0].rows]
     compared = [n for n in names if n not in (REFERENCE, FLOOR)] if REFERENCE in names else []
     parts = [_evaluations(results, names, compared), _checkpoints(results, names, compared), _areas(results, names)]
-    found = [goal for result in results for goal in goals(result)]
-    moved = [goal for cold, warm in transfer_pairs(results) for goal in transfer_goals(cold, warm)]
+    found, moved = bench_goals(results)
     if found:
         parts.append(_goals(results, found, f"each strategy against {REFERENCE} and {FLOOR}",
                             f"{REFERENCE}'s or {FLOOR}'s"))
@@ -50,6 +49,7 @@ def format_markdown(results: Sequence[SpaceBench]) -> str:
 
 
 def _label(result: SpaceBench) -> str:
+    """The space and its device, and the warm start's source (a bench may hold both starts)."""
     label = f"{result.name} ({result.device})" if result.device else result.name
     return f"{label}, warm from {result.warm_from}" if result.warm_from else label
 
@@ -134,9 +134,8 @@ def _areas(results: Sequence[SpaceBench], names: list[str]) -> str:
 
 
 def _goals(results: Sequence[SpaceBench], found: Sequence[Goal], what: str, against: str) -> str:
-    labels = {result.name: _label(result) for result in results if result.warm_from is None}
-    labels.update({r.name: _label(r) for r in results if r.name not in labels})
-    rows = [[labels[g.space], g.strategy, g.goal, g.value, g.against, g.verdict.value] for g in found]
+    labels = {(result.name, result.warm_from): _label(result) for result in results}  # transfer goals: the cold one
+    rows = [[labels[g.space, g.warm_from], g.strategy, g.goal, g.value, g.against, g.verdict.value] for g in found]
     counts = tally(found)
     return (f"**Goals** (met {counts[Verdict.MET]}, missed {counts[Verdict.MISSED]}, not applicable "
             f"{counts[Verdict.NOT_APPLICABLE]}): {what}; a miss of 1% counts as budget+1\n\n"

@@ -44,7 +44,7 @@ from typing import Any, Sequence
 
 from kernelforge.errors import UserError
 from kernelforge.strategies.bench.compare import Relative, relative
-from kernelforge.strategies.bench.goals import Goal, Verdict, goals, tally, transfer_goals, transfer_pairs
+from kernelforge.strategies.bench.goals import Goal, Verdict, bench_goals, tally
 from kernelforge.strategies.bench.run import (FLOOR, LEVEL, REFERENCE, THRESHOLDS, BenchRow, BenchRun, SpaceBench,
                                           percentile)
 
@@ -156,9 +156,9 @@ def format_summary(results: Sequence[SpaceBench]) -> str:
         if relatives:
             lines.append(f"{_called(result)}: " + "; ".join(_relative_text(r) for r in relatives))
             at_lines.append(f"{_called(result)}: " + "; ".join(_checkpoints_text(r) for r in relatives))
-    anytime = "\n\n".join(part for part in (format_anytime(results), format_goals(results)) if part)
+    tail = "\n\n".join(part for part in (format_anytime(results), format_goals(results)) if part)
     if not lines:
-        return anytime
+        return tail
     return (f"evaluations to 1% as a fraction of {REFERENCE}'s (below 1: fewer; >x or <x: a bound, one side "
             f"missed in most seeds; n/a: both did), its {LEVEL:.0%} bootstrap interval over seeds, hit rates to 1% "
             f"against {REFERENCE}'s:\n" + "\n".join(lines)
@@ -166,15 +166,14 @@ def format_summary(results: Sequence[SpaceBench]) -> str:
             f"optimum), its {LEVEL:.0%} bootstrap interval (checkpoints where every seed of both found a point"
             + ("; runs stopped within 1%: past a stop, the best at the stop" if any(r.stopped for r in results) else "")
             + "):\n"
-            + "\n".join(at_lines) + ("\n\n" + anytime if anytime else ""))
+            + "\n".join(at_lines) + ("\n\n" + tail if tail else ""))
 
 
 def format_goals(results: Sequence[SpaceBench]) -> str:
     """One line per goal of :mod:`.goals` (space, strategy, verdict, the goal, both figures), under
     a count of each verdict: the goals against the reference and the floor, then the transfer
     goals of every space benched cold and warm ("" when there are none)."""
-    found = [goal for result in results for goal in goals(result)]
-    moved = [goal for cold, warm in transfer_pairs(results) for goal in transfer_goals(cold, warm)]
+    found, moved = bench_goals(results)
     parts = [_goal_lines(f"goals against {REFERENCE} and {FLOOR}", found), _goal_lines("transfer goals", moved)]
     return "\n\n".join(part for part in parts if part)
 
@@ -185,7 +184,7 @@ def _goal_lines(title: str, found: Sequence[Goal]) -> str:
     counts = tally(found)
     return (f"{title} (medians; a miss of 1% counts as budget+1): met {counts[Verdict.MET]}, missed "
             f"{counts[Verdict.MISSED]}, not applicable {counts[Verdict.NOT_APPLICABLE]}\n"
-            + "\n".join(f"{g.space} {g.strategy}: {g.verdict.value}, {g.goal} ({g.value} against {g.against})"
+            + "\n".join(f"{g.where} {g.strategy}: {g.verdict.value}, {g.goal} ({g.value} against {g.against})"
                         for g in found))
 
 
