@@ -39,18 +39,17 @@ def test_the_goals_table_is_the_benchs_goals_of_the_stored_runs():
     spaces = _spaces()
     assert len(spaces) == 27 and all(s["seeds"] == 20 and s["budget"] == 300 and s["stopped_at_1pct"] for s in spaces)
     expected, everything = [], []
+    by_kind: dict[str, list[Verdict]] = {}
     for space in spaces:
         found = goals(space_bench(space))
         everything += found
+        for i, g in enumerate(found):
+            by_kind.setdefault(_name(i, g.goal) if i < len(SHORT) else "early", []).append(g.verdict)
         notes = [f"{_name(i, g.goal)} {g.verdict.value} ({g.value} against {g.against})"
                  for i, g in enumerate(found) if g.verdict is not Verdict.MET]
         expected.append([space["space"], _median(space, "auto"), _median(space, "tpe"), _median(space, "random"),
                          f"{tally(found)[Verdict.MET]} of {len(found)}", "; ".join(notes) or "-"])
     assert markdown_tables(text)[0][2:] == expected
-    by_kind: dict[str, list[Verdict]] = {}
-    for space in spaces:
-        for i, g in enumerate(goals(space_bench(space))):
-            by_kind.setdefault(_name(i, g.goal) if i < len(SHORT) else "early", []).append(g.verdict)
     assert by_kind["hit rate"] == by_kind["random"] == [Verdict.MET] * 27
     assert by_kind["fraction"].count(Verdict.MISSED) == 8 and "on 8 slices, the same 8" in text
     early = by_kind["early"]
