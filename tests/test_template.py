@@ -286,6 +286,61 @@ def test_a_body_or_a_tie_that_cannot_hold_is_refused_naming_the_file_and_field(t
     assert str(info.value).startswith(str(folder / "tied.py.j2"))
 
 
+SHIPPED = '''{#-
+[template]
+role = "baseline"
+origin = "human"
+description = """The shipped design: one line, \\
+and a second."""
+baseline_source = "the serving engine's default"
+
+[space]
+BLOCK = [16, 32, 64]
+num_warps = [2, 4]
+
+[baseline]
+BLOCK = 32
+num_warps = 4
+
+[[baselines]]
+source = "the engine's small-block rule"
+point = { BLOCK = 16 }
+-#}
+BLOCK = {{ BLOCK }}
+WARPS = {{ num_warps }}
+'''
+
+
+@pytest.mark.parametrize("header_only", [False, True])
+def test_a_variant_scaffolded_from_the_baseline_is_valid_and_starts_at_its_baseline_point(tmp_path, header_only):
+    from kernelforge.template import variant_text
+
+    folder = _folder(tmp_path, baseline=SHIPPED)
+    baseline = Template.from_file(folder / "baseline.py.j2", "toy/axpy")
+    assert baseline.baseline_rules and baseline.baseline_source == "the serving engine's default"
+    (folder / "mine.py.j2").write_text(variant_text(baseline, header_only=header_only))
+    mine = Template.from_file(folder / "mine.py.j2", "toy/axpy")
+    assert mine.role == "variant" and mine.description == "Variant of toy/axpy/baseline: describe your change"
+    assert not mine.baseline_rules and mine.baseline_source != baseline.baseline_source
+    assert mine.space == baseline.space and mine.render_baseline() == "BLOCK = 32\nWARPS = 4\n"
+    body = (folder / "mine.py.j2").read_text().split("-#}")[1]
+    assert (mine.body_of, body.strip()) == (("baseline", "") if header_only else (None, "BLOCK = {{ BLOCK }}\n"
+                                                                                   "WARPS = {{ num_warps }}"))
+
+
+def test_a_variant_of_a_header_only_baseline_names_the_same_body_or_copies_it(tmp_path):
+    from kernelforge.template import variant_text
+
+    folder = _folder(tmp_path, wide=WIDE, tied=TIED.replace('role = "variant"', 'role = "baseline"'))
+    tied = Template.from_file(folder / "tied.py.j2", "toy/axpy")
+    for name, header_only in (("header", True), ("copy", False)):
+        (folder / f"{name}.py.j2").write_text(variant_text(tied, header_only=header_only))
+    header, copy = (Template.from_file(folder / f"{name}.py.j2", "toy/axpy") for name in ("header", "copy"))
+    assert (header.body_of, copy.body_of) == ("wide", None)  # no chain: the template that holds the body
+    assert header.render({"BLOCK": 32, "num_warps": 2}) == copy.render({"BLOCK": 32, "num_warps": 2}) == \
+        tied.render({"BLOCK": 32, "num_warps": 2})
+
+
 def test_a_text_on_its_own_must_hold_the_body_it_names():
     with pytest.raises(TemplateError, match=r"stored \[template\] body: the body of wide.py.j2 is joined"):
         Template.from_text(TIED, template_id="toy/axpy/tied", block_id="toy/axpy", where="stored")

@@ -245,6 +245,28 @@ class Template:
                        str(self.path or self.id))
 
 
+def variant_text(baseline: Template, *, header_only: bool = False) -> str:
+    """The text of a new variant scaffolded from the block's ``baseline`` (``kernelforge new``): its
+    header with ``role = "variant"``, a description to replace, no per-shape baselines (they belong
+    to the baseline: the variant starts at ``[baseline]``) and no ``baseline_source``. A copy of the
+    baseline's body follows it, or, with ``header_only``, none: the header then names the baseline's
+    body (``[template] body``), so the variant searches another space, other ties or constraints of
+    the same kernel without a second copy of it."""
+    header, body = baseline.text[: len(baseline.text) - len(_body(baseline.text))], _body(baseline.text)
+    header = re.sub(r'(?m)^role\s*=\s*"baseline"', 'role = "variant"', header, count=1)
+    header = re.sub(r'(?ms)^\[\[baselines\]\][ \t]*\n.*?(?=^\[|^-?#\})', "", header)
+    header = re.sub(r'(?m)^baseline_source\s*=.*\n', "", header, count=1)
+    header = re.sub(r'(?m)^description\s*=\s*(""".*?"""|".*?")[ \t]*$',
+                    f'description = "Variant of {baseline.id}: describe your change"', header, count=1,
+                    flags=re.DOTALL)
+    if not header_only:
+        return re.sub(r'(?m)^body\s*=.*\n', "", header, count=1) + body  # the body is copied here
+    if baseline.body_of is not None:  # the baseline is a header itself: name the template that holds the body
+        return header
+    name = baseline.id.rpartition("/")[2]
+    return re.sub(r'(?m)^role = "variant"[ \t]*$', f'role = "variant"\nbody = "{name}"', header, count=1)
+
+
 def _read(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8")

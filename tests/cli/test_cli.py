@@ -84,6 +84,20 @@ def test_new_scaffolds_a_valid_variant(tmp_path):
     assert "toy/axpy/wide" in listing.output and "variant" in listing.output
 
 
+def test_new_header_only_scaffolds_a_header_over_the_baselines_body(tmp_path):
+    kernels = tmp_path / "kernels"
+    shutil.copytree(FIXTURES / "toy", kernels / "toy")
+    result = invoke("new", "toy/axpy/narrow", "--header-only", kernels=kernels)
+    assert result.exit_code == 0, result.output
+    assert "a header over toy/axpy/baseline's body" in result.output and "[space], [ties]" in result.output
+    text = (kernels / "toy/axpy/narrow.py.j2").read_text()
+    assert 'body = "baseline"' in text and text.rstrip().endswith("-#}")  # no kernel in the file
+    listing = invoke("templates", "toy/axpy", kernels=kernels)
+    assert "toy/axpy/narrow" in listing.output and "body: baseline's" in listing.output
+    assert invoke("render", "toy/axpy/narrow", kernels=kernels).output == \
+        invoke("render", "toy/axpy/baseline", kernels=kernels).output
+
+
 def test_console_script_reports_user_errors_without_traceback():
     exe = Path(sys.executable).with_name("kernelforge")
     proc = subprocess.run([str(exe), "--kernels", str(FIXTURES), "render", "toy/nothing/x"],

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import click
@@ -95,10 +94,13 @@ def render(ctx: click.Context, template_id: str, params: tuple[str, ...]) -> Non
 
 @click.command()
 @click.argument("name")
+@click.option("--header-only", is_flag=True,
+              help="A header over the baseline's body ([template] body), for another space, other ties or "
+                   "constraints of the same kernel, instead of a copy of the kernel to edit.")
 @click.pass_context
-def new(ctx: click.Context, name: str) -> None:
+def new(ctx: click.Context, name: str, header_only: bool = False) -> None:
     """Scaffold template BLOCK/NAME from the block's baseline, ready to edit."""
-    from kernelforge.template import TEMPLATE_SUFFIX, Template
+    from kernelforge.template import TEMPLATE_SUFFIX, Template, variant_text
 
     catalog = catalog_of(ctx)
     block_id, _, stem = name.rpartition("/")
@@ -112,17 +114,13 @@ def new(ctx: click.Context, name: str) -> None:
     if path.exists():
         raise UserError(f"{path} already exists; choose another name or edit it")
     baseline = catalog.baseline(block_id)
-    text = re.sub(r'(?m)^role\s*=\s*"baseline"', 'role = "variant"', baseline.text, count=1)
-    # Per-shape baselines belong to the baseline template only: the variant starts at [baseline].
-    text = re.sub(r'(?ms)^\[\[baselines\]\][ \t]*\n.*?(?=^\[|^-?#\})', "", text)
-    text = re.sub(r'(?m)^baseline_source\s*=.*\n', "", text, count=1)
-    text = re.sub(r'(?m)^description\s*=\s*".*"$', f'description = "Variant of {baseline.id}: describe your change"',
-                  text, count=1)
-    path.write_text(text, encoding="utf-8")
+    path.write_text(variant_text(baseline, header_only=header_only), encoding="utf-8")
     Template.from_file(path, block_id)  # the scaffold must be valid as written
-    console.print(f"created [bold]{path}[/] (a copy of {baseline.id}, role = variant)")
-    console.print(f"next: edit it, then `kernelforge check {block_id}/{stem} --device interpret --shapes smoke`")
-
+    what = f"a header over {baseline.id}'s body" if header_only else f"a copy of {baseline.id}"
+    console.print(f"created [bold]{path}[/] ({what}, role = variant)")
+    edit = "its [space], [ties] or constraints" if header_only else "it"
+    console.print(f"next: edit {edit}, then `kernelforge check {block_id}/{stem} --device interpret --shapes smoke`",
+                  markup=False)
 
 
 
