@@ -264,7 +264,7 @@ def variant_text(baseline: Template, *, header_only: bool = False) -> str:
     if baseline.body_of is not None:  # the baseline is a header itself: name the template that holds the body
         return header
     name = baseline.id.rpartition("/")[2]
-    return re.sub(r'(?m)^role = "variant"[ \t]*$', f'role = "variant"\nbody = "{name}"', header, count=1)
+    return re.sub(r'(?m)^\[template\][ \t]*$', f'[template]\nbody = "{name}"', header, count=1)
 
 
 def _read(path: Path) -> str:

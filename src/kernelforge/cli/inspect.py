@@ -115,7 +115,11 @@ def new(ctx: click.Context, name: str, header_only: bool = False) -> None:
         raise UserError(f"{path} already exists; choose another name or edit it")
     baseline = catalog.baseline(block_id)
     path.write_text(variant_text(baseline, header_only=header_only), encoding="utf-8")
-    Template.from_file(path, block_id)  # the scaffold must be valid as written
+    try:
+        Template.from_file(path, block_id)  # the scaffold must be valid as written
+    except UserError:
+        path.unlink()  # written just now: leave nothing invalid behind
+        raise
     what = f"a header over {baseline.id}'s body" if header_only else f"a copy of {baseline.id}"
     console.print(f"created [bold]{path}[/] ({what}, role = variant)")
     edit = "its [space], [ties] or constraints" if header_only else "it"
