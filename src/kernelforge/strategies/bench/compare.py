@@ -6,7 +6,7 @@ Two questions, each answered with a ratio of medians over seeds and its
 their own):
 
 - how many evaluations it needs to get within 1% of the optimum, as a fraction of the reference's
-  (:class:`Relative`; a bound when one side missed in most seeds);
+  (:class:`Relative`; a bound when a seed that missed is among one side's middle values);
 - how good its best is after each checkpoint (10, 25, 50, ... evaluations): its median
   best/optimum as a fraction of the reference's (:class:`CheckpointFraction`; below 1: closer to
   the optimum). A checkpoint is compared only where every seed of both had a success by then, so
@@ -20,7 +20,7 @@ import statistics
 from dataclasses import dataclass
 
 from kernelforge.strategies.bench import anytime
-from kernelforge.strategies.bench.run import REFERENCE, THRESHOLDS, BenchRow, SpaceBench, evaluations_to
+from kernelforge.strategies.bench.run import REFERENCE, THRESHOLDS, BenchRow, SpaceBench, evaluations_to, median_is_bound
 from kernelforge.strategies.bench.stats import fraction_interval
 
 
@@ -38,8 +38,9 @@ class CheckpointFraction:
 @dataclass(frozen=True)
 class Relative:
     """A strategy against the reference: its median evaluations to 1% as a fraction of the
-    reference's (``bound``: "" exact, ">" or "<" when one side missed in most seeds, so the
-    fraction is a bound; "?" both missed), the interval of that fraction (``low``, ``high``), both
+    reference's (``bound``: "" exact, ">" or "<" when one side's median is a bound, a seed that
+    missed among its middle values (:func:`~.run.median_is_bound`), so the fraction is a bound;
+    "?" both), the interval of that fraction (``low``, ``high``), both
     hit rates to 1%, and the fraction at each comparable checkpoint (``at``)."""
 
     strategy: str
@@ -65,7 +66,7 @@ def compare(row: BenchRow, ref: BenchRow) -> Relative:
     """``row`` against ``ref`` (see :class:`Relative`)."""
     t = THRESHOLDS[0]
     mine, theirs = row.median_evaluations[t], ref.median_evaluations[t]
-    missed, ref_missed = mine > row.budget, theirs > ref.budget
+    missed, ref_missed = median_is_bound(row, t), median_is_bound(ref, t)
     bound = "?" if missed and ref_missed else ">" if missed else "<" if ref_missed else ""
     low, high = fraction_interval(evaluations_to(row.runs, t, row.budget), evaluations_to(ref.runs, t, ref.budget))
     return Relative(strategy=row.strategy, reference=ref.strategy, fraction=mine / theirs, bound=bound, low=low,

@@ -5,9 +5,10 @@ metric across the spaces, the strategies side by side. :func:`format_markdown` g
 the form of the bench README's first section (``strategy-bench --markdown FILE`` writes them):
 
 1. **evaluations to within 1% of the optimum**: per strategy, the median (``>budget`` when most
-   seeds missed) with the hit rate; then each strategy other than the reference and ``random``
-   as a fraction of the reference's median with its interval (``-`` where the fraction is a bound,
-   ``>`` or ``<``: one side missed in most seeds; ``n/a`` where both did);
+   seeds missed, ``≥m`` when a seed that missed is among its middle values) with the hit rate;
+   then each strategy other than the reference and ``random`` as a fraction of the reference's
+   median with its interval (``-`` where the fraction is a bound, ``>`` or ``<``: one side's
+   median is; ``n/a`` where both are);
 2. **median best/optimum after n evaluations**, per checkpoint within the budget, with its
    interval, and the same strategies as a fraction of the reference's with its interval (``-``
    where some seed of either had found nothing by then);
@@ -26,8 +27,8 @@ import math
 from typing import Sequence
 
 from kernelforge.strategies.bench.compare import Relative, relative
-from kernelforge.strategies.bench.goals import Goal, Verdict, bench_goals, tally
-from kernelforge.strategies.bench.run import FLOOR, LEVEL, REFERENCE, THRESHOLDS, BenchRow, SpaceBench
+from kernelforge.strategies.bench.goals import Goal, bench_goals, tally_text
+from kernelforge.strategies.bench.run import FLOOR, LEVEL, REFERENCE, THRESHOLDS, BenchRow, SpaceBench, evaluations_text
 
 __all__ = ["format_markdown"]
 
@@ -87,9 +88,7 @@ def _evaluations(results: Sequence[SpaceBench], names: list[str], compared: list
         by_name, rels = _rows_of(result), _relatives(result)
         row = [_label(result), f"{result.feasible} of {result.grid_size}"]
         for name in names:
-            median, budget = by_name[name].median_evaluations[t], by_name[name].budget
-            shown = f">{budget}" if median > budget else f"{median:g}"
-            row.append(f"{shown} ({round(100 * by_name[name].hit_rate[t])}%)")
+            row.append(f"{evaluations_text(by_name[name], t)} ({round(100 * by_name[name].hit_rate[t])}%)")
         for name in compared:
             rel = rels[name]
             if rel.bound == "?":
@@ -136,7 +135,5 @@ def _areas(results: Sequence[SpaceBench], names: list[str]) -> str:
 def _goals(results: Sequence[SpaceBench], found: Sequence[Goal], what: str, against: str) -> str:
     labels = {(result.name, result.warm_from): _label(result) for result in results}  # transfer goals: the cold one
     rows = [[labels[g.space, g.warm_from], g.strategy, g.goal, g.value, g.against, g.verdict.value] for g in found]
-    counts = tally(found)
-    return (f"**Goals** (met {counts[Verdict.MET]}, missed {counts[Verdict.MISSED]}, not applicable "
-            f"{counts[Verdict.NOT_APPLICABLE]}): {what}; a miss of 1% counts as budget+1\n\n"
+    return (f"**Goals** ({tally_text(found)}): {what}; a miss of 1% counts as budget+1\n\n"
             + _table(["space", "strategy", "goal", "value", against, "verdict"], rows))

@@ -44,17 +44,11 @@ from typing import Any, Sequence
 
 from kernelforge.errors import UserError
 from kernelforge.strategies.bench.compare import Relative, relative
-from kernelforge.strategies.bench.goals import Goal, Verdict, bench_goals, tally
+from kernelforge.strategies.bench.goals import Goal, bench_goals, tally_text
 from kernelforge.strategies.bench.run import (FLOOR, LEVEL, REFERENCE, THRESHOLDS, BenchRow, BenchRun, SpaceBench,
-                                          percentile)
+                                          evaluations_text, percentile)
 
 JSON_VERSION = 1
-
-
-def _median_text(value: float, budget: int) -> str:
-    if value > budget:
-        return f">{budget}"
-    return f"{value:g}"
 
 
 def _ratio_text(value: float) -> str:
@@ -86,7 +80,7 @@ def format_table(rows: Sequence[BenchRow]) -> str:
     lines = [head]
     for row in rows:
         cells = [row.strategy]
-        cells += [_median_text(row.median_evaluations[t], row.budget) for t in THRESHOLDS]
+        cells += [evaluations_text(row, t) for t in THRESHOLDS]
         cells += [f"{row.hit_rate[t]:.0%}" for t in THRESHOLDS]
         cells += [_ratio_text(row.median_best_ratio), f"{row.median_free_tells:g}", f"{row.seconds:.1f}"]
         lines.append(cells)
@@ -100,7 +94,8 @@ def format_table(rows: Sequence[BenchRow]) -> str:
     out = [
         f"medians over {first.seeds} seeds, budget {first.budget} evaluations, optimum "
         f"{first.optimum:.6g} ms; a seed that misses a threshold counts as budget+1 "
-        f"(\">{first.budget}\": most seeds missed it)"
+        f"(\">{first.budget}\": most seeds missed it; \"≥m\": a seed that missed is among the middle values, so the "
+        f"median is at least m)"
     ]
     out += _lay_out(lines)
     out.append("")
@@ -159,8 +154,8 @@ def format_summary(results: Sequence[SpaceBench]) -> str:
     tail = "\n\n".join(part for part in (format_anytime(results), format_goals(results)) if part)
     if not lines:
         return tail
-    return (f"evaluations to 1% as a fraction of {REFERENCE}'s (below 1: fewer; >x or <x: a bound, one side "
-            f"missed in most seeds; n/a: both did), its {LEVEL:.0%} bootstrap interval over seeds, hit rates to 1% "
+    return (f"evaluations to 1% as a fraction of {REFERENCE}'s (below 1: fewer; >x or <x: a bound, one side's "
+            f"median is; n/a: both are), its {LEVEL:.0%} bootstrap interval over seeds, hit rates to 1% "
             f"against {REFERENCE}'s:\n" + "\n".join(lines)
             + f"\n\nmedian best/optimum after n evaluations as a fraction of {REFERENCE}'s (below 1: closer to the "
             f"optimum), its {LEVEL:.0%} bootstrap interval (checkpoints where every seed of both found a point"
@@ -181,9 +176,7 @@ def format_goals(results: Sequence[SpaceBench]) -> str:
 def _goal_lines(title: str, found: Sequence[Goal]) -> str:
     if not found:
         return ""
-    counts = tally(found)
-    return (f"{title} (medians; a miss of 1% counts as budget+1): met {counts[Verdict.MET]}, missed "
-            f"{counts[Verdict.MISSED]}, not applicable {counts[Verdict.NOT_APPLICABLE]}\n"
+    return (f"{title} (medians; a miss of 1% counts as budget+1): {tally_text(found)}\n"
             + "\n".join(f"{g.where} {g.strategy}: {g.verdict.value}, {g.goal} ({g.value} against {g.against})"
                         for g in found))
 

@@ -359,3 +359,23 @@ def ratio(best: float | None, optimum: float) -> float:
 def evaluations_to(runs: Sequence[BenchRun], threshold: float, budget: int) -> list[int]:
     """Each run's evaluations to ``threshold``, a miss counted as ``budget + 1``."""
     return [r.reached[threshold] if r.reached[threshold] is not None else budget + 1 for r in runs]
+
+
+def median_is_bound(row: BenchRow, threshold: float) -> bool:
+    """Whether ``row``'s median evaluations to ``threshold`` is only a lower bound: a seed that missed
+    it (counted as ``budget + 1``; it would have needed more) is one of the middle values the median
+    is taken of, so a longer budget would give a larger median."""
+    if row.median_evaluations[threshold] > row.budget:
+        return True
+    values = sorted(evaluations_to(row.runs, threshold, row.budget))
+    return any(v > row.budget for v in values[(len(values) - 1) // 2: len(values) // 2 + 1])
+
+
+def evaluations_text(row: BenchRow, threshold: float) -> str:
+    """``row``'s median evaluations to ``threshold`` as every table prints it: ``>budget`` when most
+    seeds missed it, ``≥m`` when a missed seed is among its middle values (:func:`median_is_bound`),
+    else the median."""
+    median = row.median_evaluations[threshold]
+    if median > row.budget:
+        return f">{row.budget}"
+    return f"≥{median:g}" if median_is_bound(row, threshold) else f"{median:g}"
