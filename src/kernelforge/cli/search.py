@@ -184,17 +184,18 @@ def strategy_bench(path: str, strategies: str | None, seeds: int, first_seed: in
     Configurations absent from a cache are infeasible (never asked, never counted); recorded failures
     count as evaluations."""
     from kernelforge.strategies.bench.markdown import format_markdown
+    from kernelforge.strategies.bench.outputs import check_outputs, write_output
     from kernelforge.strategies.bench.run import bench_spaces, default_strategies
     from kernelforge.strategies.bench.report import format_space, format_summary, write_json
     from kernelforge.strategies.bench.recorded import cache_files, load_kernel_tuner_cache
     from kernelforge.strategies.bench.slices import parse_fix, sliced
 
-    for option, target in (("--json", json_path), ("--markdown", markdown_path)):
-        if target is not None and not Path(target).resolve().parent.is_dir():
-            raise UserError(f"{option} {target}: its folder does not exist; create it or choose another path")
     if with_cold and warm_from is None:
         raise UserError("--with-cold compares a warm start with a cold one: add --warm-from SPACE")
-    spaces = [load_kernel_tuner_cache(file) for file in cache_files(path)]
+    files = cache_files(path)
+    check_outputs({"--json": json_path, "--markdown": markdown_path},
+                  files + ([Path(warm_from)] if warm_from is not None else []), Path(path) if Path(path).is_dir() else None)
+    spaces = [load_kernel_tuner_cache(file) for file in files]
     warm = None
     if warm_from is not None:
         from kernelforge.strategies.transfer import other_recordings
@@ -212,7 +213,7 @@ def strategy_bench(path: str, strategies: str | None, seeds: int, first_seed: in
         if json_path is not None:
             write_json(results, json_path)  # after every space: a cut-short bench keeps what it measured
         if markdown_path is not None:
-            Path(markdown_path).write_text(format_markdown(results))
+            write_output("--markdown", markdown_path, format_markdown(results))
     summary = format_summary(results)
     if summary and len(results[0].rows) > 1:
         click.echo(summary)

@@ -63,10 +63,21 @@ def spread(ranked: Iterable[T], limit: int, key: Callable[[T], Sequence[Any]] = 
 
 
 def same_kernel(source: RecordedSpace, target: RecordedSpace) -> bool:
-    """Whether ``target`` is another recording of ``source``'s kernel: the same parameter names
-    (in any order) and not the same space (the same name and device)."""
-    same = (source.name, source.device) == (target.name, target.device)
-    return not same and sorted(source.space.names) == sorted(target.space.names)
+    """Whether ``target`` is another GPU's recording of ``source``'s kernel: the same parameter names
+    (in any order), and another device where both name theirs (a recording on the same device, a
+    copy under another file name included, would hand a run its own answers); where either names
+    none, another name and other records."""
+    if sorted(source.space.names) != sorted(target.space.names):
+        return False
+    if source.device and target.device:
+        return source.device != target.device
+    return source.name != target.name and _in_order(source, target) != dict(target.records)
+
+
+def _in_order(source: RecordedSpace, target: RecordedSpace) -> dict[tuple[Any, ...], Any]:
+    """``source``'s records keyed in ``target``'s parameter order."""
+    order = [source.space.names.index(name) for name in target.space.names]
+    return {tuple(key[i] for i in order): value for key, value in source.records.items()}
 
 
 def other_recordings(source: RecordedSpace, spaces: Iterable[RecordedSpace], path: str) -> list[RecordedSpace]:
@@ -74,15 +85,16 @@ def other_recordings(source: RecordedSpace, spaces: Iterable[RecordedSpace], pat
     order: the targets of ``--warm-from path``. Raises UserError when there is none."""
     targets = [space for space in spaces if same_kernel(source, space)]
     if not targets:
-        raise UserError(f"--warm-from {path}: no space to bench is another recording of its kernel (the same "
+        on = f" on another device than {source.device}" if source.device else ""
+        raise UserError(f"--warm-from {path}: no space to bench is another recording of its kernel{on} (the same "
                         f"parameters: {', '.join(source.space.names)}); give another GPU's cache of that kernel")
     return targets
 
 
 def _require_same_kernel(source: RecordedSpace, target: RecordedSpace) -> None:
     if not same_kernel(source, target):
-        raise UserError(f"--warm-from {source.name}: {target.name} is not another recording of its kernel (the "
-                        f"same parameters, another space); warm-start a space from another GPU's recording")
+        raise UserError(f"--warm-from {source.name}: {target.name} is not another GPU's recording of its kernel (the "
+                        f"same parameters, another device); warm-start a space from another GPU's recording")
 
 
 def warm_points(source: RecordedSpace, target: RecordedSpace, limit: int = DEFAULT_LIMIT) -> list[dict[str, Any]]:

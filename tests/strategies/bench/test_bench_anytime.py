@@ -16,10 +16,10 @@ from kernelforge.cli.main import main
 from kernelforge.errors import UserError
 from kernelforge.strategies.bench import anytime
 from kernelforge.strategies.bench.run import bench, bench_spaces, run_one
-from kernelforge.strategies.bench.report import format_summary, to_json
+from kernelforge.strategies.bench.report import format_space, format_summary, to_json
 from kernelforge.strategies.bench.recorded import load_kernel_tuner_cache
 from kernelforge.strategies.names import make_strategy
-from kernelforge.strategies.transfer import WarmStart, rank_scores, warm_points, warm_start
+from kernelforge.strategies.transfer import WarmStart, other_recordings, rank_scores, same_kernel, warm_points, warm_start
 
 
 def write_cache(path: Path, params: dict, records: dict, device: str = "GPU A") -> Path:
@@ -116,10 +116,40 @@ def test_warm_points_carry_the_source_ranks_feasible_in_the_target(pair):
     # Source ranks (failed 4,2 left out): 4,1 < 3,1 < 3,2 < 2,1 < 2,2 ...; 3,2 is not recorded on
     # the target. Spread: 2,2 is the best that differs from 4,1 in both parameters; 3,1 fills up.
     assert warm_points(source, target, limit=3) == [{"a": 4, "b": 1}, {"a": 2, "b": 2}, {"a": 3, "b": 1}]
-    with pytest.raises(UserError, match="not another recording"):
+    with pytest.raises(UserError, match="not another GPU's recording"):
         warm_points(source, other)
-    with pytest.raises(UserError, match="not another recording"):
+    with pytest.raises(UserError, match="not another GPU's recording"):
         warm_points(source, source)
+
+
+def test_a_recording_of_the_same_device_is_not_another_gpus_even_under_another_name(pair, tmp_path):
+    source, target, _ = pair
+    data = json.loads((tmp_path / "k_A.json").read_text())
+    copy = load_kernel_tuner_cache(write_cache(tmp_path / "copy_of_A.json", data["tune_params"], data["cache"], "GPU A"))
+    assert same_kernel(source, target) and not same_kernel(source, copy) and not same_kernel(source, source)
+    # Without device names: another name and other records make another recording; a copy does not.
+    (tmp_path / "anon").mkdir()
+    anon = {}
+    for name, records in (("a", data["cache"]), ("a_copy", data["cache"]), ("b", {"1,1": {"time": 1.0}})):
+        path = tmp_path / "anon" / f"{name}.json"
+        path.write_text(json.dumps({"tune_params": data["tune_params"], "cache": records}))
+        anon[name] = load_kernel_tuner_cache(path)
+    assert anon["a"].device is None and not same_kernel(anon["a"], anon["a_copy"]) and same_kernel(anon["a"], anon["b"])
+    with pytest.raises(UserError, match="no space to bench is another recording of its kernel on another device "
+                                        "than GPU A"):
+        other_recordings(source, [source, copy], "k_A.json")
+
+
+def test_a_source_with_no_timed_point_in_the_target_asks_no_warm_point_and_the_bench_says_so(pair, tmp_path):
+    _, target, _ = pair
+    # Only 3,2 ran on this source, and the target never recorded 3,2.
+    source = load_kernel_tuner_cache(write_cache(tmp_path / "k_C.json", {"a": [1, 2, 3, 4], "b": [1, 2]},
+                                                 {"3,2": {"time": 1.0}, "1,1": {"time": "InvalidConfig"}}, "GPU C"))
+    assert warm_points(source, target) == []
+    (result,) = bench_spaces([target], ["grid"], seeds=1, budget=4, warm=source)
+    assert result.warm_points == 0
+    assert "warm start from k_C: none of its configurations with a recorded time is a point of this space" in \
+        format_space(result)
 
 
 def test_a_warm_start_is_the_points_and_the_scores_and_none_is_cold(pair):
@@ -127,7 +157,7 @@ def test_a_warm_start_is_the_points_and_the_scores_and_none_is_cold(pair):
     warm = warm_start(source, target)
     assert warm.first == tuple(warm_points(source, target)) and warm.transfer == rank_scores(source, target)
     assert warm_start(None, target) == WarmStart() and WarmStart().first == () and WarmStart().transfer is None
-    with pytest.raises(UserError, match="not another recording"):
+    with pytest.raises(UserError, match="not another GPU's recording"):
         warm_start(source, other)
 
 
@@ -148,7 +178,8 @@ def test_a_warm_run_asks_the_ranked_points_first_and_counts_them(pair):
 
 
 def test_cli_warm_from_benches_only_the_other_recordings_of_the_kernel(pair, tmp_path):
-    out = tmp_path / "warm.json"
+    (tmp_path / "out").mkdir()
+    out = tmp_path / "out" / "warm.json"
     result = CliRunner().invoke(main, ["strategy-bench", str(tmp_path), "--strategy", "grid", "--seeds", "1",
                                        "--budget", "12", "--jobs", "1", "--warm-from", str(tmp_path / "k_A.json"),
                                        "--json", str(out)])

@@ -51,7 +51,8 @@ def test_folder_lists_every_cache_file(folder):
 
 
 def test_folder_mode_prints_every_space_and_writes_json(folder, tmp_path):
-    out = tmp_path / "bench.json"
+    (tmp_path / "out").mkdir()
+    out = tmp_path / "out" / "bench.json"  # not in the benched folder: it would be read as a recording
     result = CliRunner().invoke(main, ["strategy-bench", str(folder), "--strategy", "grid", "--seeds", "2",
                                        "--budget", "30", "--jobs", "1", "--json", str(out)])
     assert result.exit_code == 0, result.output
@@ -127,14 +128,27 @@ def test_default_strategies_include_random_and_tpe():
     (["{tmp}/alpha.json", "--strategy", "nope"], "unknown strategy 'nope'"),
     (["{tmp}/alpha.json", "--strategy", ","], "--strategy names no strategy"),
     (["{tmp}/alpha.json", "--json", "{tmp}/no/such/out.json"], "its folder does not exist"),
+    (["{tmp}/alpha.json", "--json", "{tmp}/alpha.json"], "is a recording this bench reads"),
+    (["{tmp}/alpha.json", "--warm-from", "{tmp}/beta.json.gz", "--markdown", "{tmp}/beta.json.gz"],
+     "is a recording this bench reads"),
+    (["{tmp}", "--json", "{tmp}/results.json"], "whose every *.json and *.json.gz the bench reads"),
+    (["{tmp}/alpha.json", "--json", "{tmp}/o.json", "--markdown", "{tmp}/o.json"], "name the same file"),
+    (["{tmp}/alpha.json", "--markdown", ""], "--markdown: the file name is empty"),
+    (["{tmp}/alpha.json", "--markdown", "/proc/kernelforge-bench.md"], "cannot write it"),
+    (["{tmp}/alpha.json", "--first-seed", "4294967296"], "the last seed, 4294967296, is past 4294967295"),
+    (["{tmp}/one.json"], "one: only one configuration is recorded"),
 ])
 def test_cli_errors_are_one_line(folder, args, message):
     (folder / "empty").mkdir()
+    write_cache(folder / "one.json", {"1,0.5": {"time": 1.0}})
+    recordings = {p: p.read_bytes() for p in folder.iterdir() if p.is_file()}
     args = [a.replace("{tmp}", str(folder)) for a in args]
     result = CliRunner().invoke(main, ["strategy-bench", *args, "--seeds", "1", "--budget", "2"])
     assert result.exit_code == 2
-    assert message in result.output
+    assert message in " ".join(result.output.split())
     assert "Traceback" not in result.output
+    # Refused before any run: every recording as it was, and no result file.
+    assert {p: p.read_bytes() for p in folder.iterdir() if p.is_file()} == recordings
 
 
 def test_unknown_name_is_refused_before_any_run(folder):

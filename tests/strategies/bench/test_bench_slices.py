@@ -53,10 +53,11 @@ def test_a_slice_holds_only_the_configurations_with_the_value(space):
     assert space.optimum()[0]["block"] == 64  # the whole space's optimum is elsewhere
 
 
-def test_values_match_as_kernel_tuner_writes_them(space):
+def test_values_match_as_kernel_tuner_writes_them_or_as_the_same_number(space):
     assert slice_space(space, [("scale", "0.5")]).space.values("scale") == (0.5,)
-    with pytest.raises(UserError, match=r"--fix scale=1: conv has no such value of scale \(its values: 0.5, 1.0\)"):
-        slice_space(space, [("scale", "1")])
+    assert slice_space(space, [("scale", "1")]).records == slice_space(space, [("scale", "1.0")]).records
+    with pytest.raises(UserError, match=r"--fix scale=2: conv has no such value of scale \(its values: 0.5, 1.0\)"):
+        slice_space(space, [("scale", "2")])
     with pytest.raises(UserError, match=r"--fix tile=1: conv has no parameter tile \(its parameters: block, shmem, scale\)"):
         slice_space(space, [("tile", "1")])
 
@@ -95,6 +96,8 @@ def test_a_malformed_fix_is_refused_with_its_form(text):
 
 def test_parse_fix_reads_name_and_values():
     assert parse_fix(" shmem = 0, 1") == Fix("shmem", ("0", "1"))
+    with pytest.raises(UserError, match="--fix shmem=0,0: names 0 twice"):
+        parse_fix("shmem=0,0")
     assert parse_fix(" shmem ") == Fix("shmem", ())  # every value
 
 

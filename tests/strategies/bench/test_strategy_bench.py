@@ -71,6 +71,15 @@ def test_absent_configurations_are_invalid(tmp_path):
     assert space.device == "Test GPU" and space.name == "tiny"
 
 
+def test_a_time_that_is_not_a_positive_number_reads_as_a_failure(tmp_path):
+    path = tmp_path / "odd.json"
+    _write_cache(path, {"1,0.5": {"time": 0}, "2,0.5": {"time": -1.5}, "1,1.0": {"time": 2.0}, "2,1.0": {}})
+    space = load_kernel_tuner_cache(path)
+    assert space.records == {(1, 0.5): "InvalidRecord", (2, 0.5): "InvalidRecord", (1, 1.0): 2.0,
+                             (2, 1.0): "InvalidRecord"}
+    assert space.optimum() == ({"a": 1, "b": 1.0}, 2.0)  # never a best/optimum of 0 or below
+
+
 @needs_pnpoly
 def test_truncated_file_is_repaired(tmp_path, pnpoly):
     raw = gzip.decompress(PNPOLY.read_bytes())
@@ -101,6 +110,7 @@ def test_truncated_right_after_a_record(tmp_path):
         (None, "cannot read"),
         ("this is not json", "Kernel Tuner cache"),
         ('{"results": []}', "tune_params"),
+        ('{"tune_params": {}, "cache": {}}', "'tune_params' is empty"),
         ('{"tune_params": {"a": [1]}, "cache": {"1,2": {"time": 1.0}}}', "has 2 values"),
         ('{"tune_params": {"a": [1]}, "cache": {"3": {"time": 1.0}}}', "not in tune_params"),
     ],

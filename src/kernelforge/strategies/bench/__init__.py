@@ -9,6 +9,7 @@
 - :mod:`.goals`: the bar a strategy is held to on each space (against TPE and random), met or missed.
 - :mod:`.report`: the bench's tables, the summary against TPE and the JSON file.
 - :mod:`.markdown`: one Markdown table per metric over every space, for a write-up.
+- :mod:`.outputs`: where a bench writes, checked before any run.
 """
 
-__all__ = ["recorded", "slices", "run", "anytime", "stats", "compare", "goals", "report", "markdown"]
+__all__ = ["recorded", "slices", "run", "anytime", "stats", "compare", "goals", "report", "markdown", "outputs"]

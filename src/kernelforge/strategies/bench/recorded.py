@@ -3,7 +3,9 @@
 A Kernel Tuner cache (``.json`` or ``.json.gz``) holds ``tune_params`` (parameter -> values) and
 ``cache``: one record per measured configuration, keyed ``"v1,v2,..."`` (values in ``tune_params``
 order), whose ``time`` is milliseconds or a failure string (``"InvalidConfig"``,
-``"CompilationFailedConfig"``, ``"RuntimeFailedConfig"``...). Kernel Tuner appends records as it
+``"CompilationFailedConfig"``, ``"RuntimeFailedConfig"``...). A time that is not a positive finite
+number (0, negative, NaN, missing) is no measurement: the record reads as a failure
+(``"InvalidRecord"``). Kernel Tuner appends records as it
 measures, so a file from an interrupted run ends without its closing braces: the loader keeps every
 complete record and drops the partial one.
 
@@ -201,8 +203,10 @@ def _skip(text: str, pos: int) -> int:
 def _build(data: dict[str, Any], path: Path) -> RecordedSpace:
     tune_params = data.get("tune_params")
     cache = data.get("cache")
-    if not isinstance(tune_params, dict) or not tune_params:
+    if not isinstance(tune_params, dict):
         raise UserError(f"{path}: no 'tune_params' object; {_EXPECTED}")
+    if not tune_params:
+        raise UserError(f"{path}: 'tune_params' is empty: a cache names at least one parameter; {_EXPECTED}")
     if not isinstance(cache, dict):
         raise UserError(f"{path}: no 'cache' object; {_EXPECTED}")
     order = data.get("tune_params_keys") or list(tune_params)
@@ -224,7 +228,7 @@ def _build(data: dict[str, Any], path: Path) -> RecordedSpace:
         except KeyError as exc:
             raise UserError(f"{path}: cache key {text_key!r} has value {exc.args[0]!r}, not in tune_params") from None
         time = record.get("time") if isinstance(record, dict) else None
-        if isinstance(time, (int, float)) and not isinstance(time, bool) and math.isfinite(time):
+        if isinstance(time, (int, float)) and not isinstance(time, bool) and math.isfinite(time) and time > 0:
             records[key] = float(time)
         elif isinstance(time, str):
             records[key] = time

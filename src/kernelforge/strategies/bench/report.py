@@ -42,9 +42,9 @@ import statistics
 from pathlib import Path
 from typing import Any, Sequence
 
-from kernelforge.errors import UserError
 from kernelforge.strategies.bench.compare import Relative, relative
 from kernelforge.strategies.bench.goals import Goal, bench_goals, tally_text
+from kernelforge.strategies.bench.outputs import write_output
 from kernelforge.strategies.bench.run import (FLOOR, LEVEL, REFERENCE, THRESHOLDS, BenchRow, BenchRun, SpaceBench,
                                           evaluations_text, percentile)
 
@@ -115,9 +115,12 @@ def format_space(result: SpaceBench) -> str:
     seeds = sorted(run.seed for run in result.rows[0].runs) if result.rows else []
     if seeds:
         head += f"; seeds {seeds[0]}-{seeds[-1]}"
-    if result.warm_from:
+    if result.warm_from and result.warm_points:
         head += (f"; warm start: every run asked {result.warm_points} best-ranked points of {result.warm_from} "
                  f"(spread over its regions) first")
+    elif result.warm_from:
+        head += (f"; warm start from {result.warm_from}: none of its configurations with a recorded time is a point "
+                 "of this space, so no run asked a warm point (only its ranks, where the models read them)")
     if result.stopped:
         head += "; each run stopped once within 1% (best/opt after that: the best at the stop)"
     return head + "\n" + format_table(result.rows)
@@ -288,8 +291,4 @@ def to_json(results: Sequence[SpaceBench]) -> dict[str, Any]:
 
 def write_json(results: Sequence[SpaceBench], path: str | Path) -> None:
     """Write :func:`to_json` to ``path``; UserError naming it when it cannot be written."""
-    path = Path(path)
-    try:
-        path.write_text(json.dumps(to_json(results), indent=1, allow_nan=False) + "\n")
-    except OSError as exc:
-        raise UserError(f"--json {path}: cannot write it ({exc.strerror or exc}); choose a writable path") from None
+    write_output("--json", path, json.dumps(to_json(results), indent=1, allow_nan=False) + "\n")

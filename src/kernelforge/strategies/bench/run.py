@@ -58,6 +58,8 @@ THRESHOLDS = (0.01, 0.05, 0.10)
 REFERENCE = "tpe"
 #: The strategy every figure is read against as the floor, never compared with the reference.
 FLOOR = "random"
+#: Seeds run from 0 to this less one (numpy's and Optuna's samplers take no larger seed).
+SEED_LIMIT = 2 ** 32
 
 
 def default_strategies() -> tuple[str, ...]:
@@ -231,10 +233,17 @@ def bench_spaces(
     """
     if seeds < 1 or budget < 1 or first_seed < 0:
         raise ValueError("seeds and budget must be at least 1, first_seed at least 0")
+    if first_seed + seeds > SEED_LIMIT:
+        raise UserError(f"--first-seed {first_seed} --seeds {seeds}: the last seed, {first_seed + seeds - 1}, is past "
+                        f"{SEED_LIMIT - 1}, the largest seed every strategy takes; start lower")
     names = strategy_list(strategies)
     spaces = list(spaces)
     for space in spaces:
         space.optimum()  # a space with no recorded time: UserError now, not in a worker
+        if len(space.records) < 2:
+            raise UserError(f"{space.name}: only one configuration is recorded, so every strategy finds it first; a "
+                            "bench compares how soon strategies find the fastest of several, so give a recording (or "
+                            "--fix a slice) of at least two")
     setup = _Setup(
         spaces=tuple(spaces), budget=budget, stop=stop,
         warm=tuple(warm_start(warm, space) for space in spaces),

@@ -31,7 +31,7 @@ __all__ = ["Fix", "parse_fix", "slice_space", "sliced"]
 class Fix:
     """One ``--fix NAME=V1,V2``: the parameter ``name`` held, in turn, at each of ``values``
     (as written: ``"1"``, ``"0.5"``; matched against a space's values as Kernel Tuner writes
-    them in its cache keys). No values (``--fix NAME``): each of the space's own values of
+    them in its cache keys, or as the same number written another way: ``10`` for ``10.0``). No values (``--fix NAME``): each of the space's own values of
     ``name`` that has a recorded time."""
 
     name: str
@@ -46,6 +46,10 @@ def parse_fix(text: str) -> Fix:
     if not name.strip() or (sep and not all(parts)):
         raise UserError(f"--fix {text!r}: expected NAME, NAME=VALUE or NAME=V1,V2,... (a parameter of the space and "
                         f"values it takes), e.g. --fix use_shmem=1 or --fix use_shmem for each of its values")
+    twice = sorted({part for part in parts if parts.count(part) > 1})
+    if twice:
+        raise UserError(f"--fix {text}: names {', '.join(twice)} twice, which would bench one slice twice; give each "
+                        "value once")
     return Fix(name.strip(), parts)
 
 
@@ -77,7 +81,8 @@ def _held_records(space: RecordedSpace, held: Sequence[tuple[str, str]]) -> tupl
         if name not in space_values:
             raise UserError(f"--fix {name}={text}: {space.name} has no parameter {name} (its parameters: "
                             f"{', '.join(space.space.names)})")
-        match = [value for value in space_values[name] if str(value) == text]
+        match = ([value for value in space_values[name] if str(value) == text]
+                 or [value for value in space_values[name] if _same_number(value, text)])
         if not match:
             raise UserError(f"--fix {name}={text}: {space.name} has no such value of {name} (its values: "
                             f"{', '.join(str(value) for value in space_values[name])})")
@@ -85,6 +90,17 @@ def _held_records(space: RecordedSpace, held: Sequence[tuple[str, str]]) -> tupl
     records = {key: value for key, value in space.records.items()
                if all(key[index[name]] == value for name, value in typed.items())}
     return typed, records
+
+
+def _same_number(value: Any, text: str) -> bool:
+    """Whether ``text`` writes the number ``value`` another way (10 for 10.0, 1e3 for 1000); never a
+    boolean, which Kernel Tuner writes as True and False."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return float(text) == value
+    except ValueError:
+        return False
 
 
 def _timed(records: dict) -> bool:
