@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,9 @@ def test_render_at_a_point_and_baseline():
         ({"BLOCK": 32}, "missing parameter(s) num_warps"),
         ({"BLOCK": 32, "num_warps": 4, "EXTRA": 1}, "unknown parameter(s) EXTRA"),
         ({"BLOCK": 48, "num_warps": 4}, "BLOCK=48 is not one of [16, 32, 64]"),
+        # Equal in Python, not the same source: a float where an integer renders, a switch for a number.
+        ({"BLOCK": 32.0, "num_warps": 4}, "BLOCK=32.0 is not one of [16, 32, 64]"),
+        ({"BLOCK": 32, "num_warps": True}, "num_warps=True is not one of [2, 4]"),
     ],
 )
 def test_render_rejects_bad_points(point, fragment):
@@ -339,6 +343,71 @@ def test_a_variant_of_a_header_only_baseline_names_the_same_body_or_copies_it(tm
     assert (header.body_of, copy.body_of) == ("wide", None)  # no chain: the template that holds the body
     assert header.render({"BLOCK": 32, "num_warps": 2}) == copy.render({"BLOCK": 32, "num_warps": 2}) == \
         tied.render({"BLOCK": 32, "num_warps": 2})
+
+
+def test_an_error_in_a_shared_body_names_the_file_and_line_that_hold_it(tmp_path):
+    broken = WIDE.replace("WARPS = {{ num_warps }}", "WARPS = {{ num_warps.real }}")
+    folder = _folder(tmp_path, wide=broken, tied=TIED)
+    line = broken.splitlines().index("WARPS = {{ num_warps.real }}, {{ WARPS2 }}") + 1
+    for name in ("tied", "wide"):  # whichever the catalog loads first
+        with pytest.raises(TemplateError, match=rf"^{folder / 'wide.py.j2'}:{line}: Getattr"):
+            Template.from_file(folder / f"{name}.py.j2", "toy/axpy")
+    folder = _folder(tmp_path, wide=WIDE.replace("{{ WARPS2 }}", "{{ WARPS2 }} {{ WARPS3 }}") + "", tied=TIED)
+    with pytest.raises(TemplateError, match=r"tied.py.j2: .*the body \(.*wide.py.j2\) uses undeclared WARPS3: add it "
+                                            r"to \[space\] or \[ties\]"):
+        Template.from_file(folder / "tied.py.j2", "toy/axpy")
+
+
+def test_a_tied_name_is_not_a_parameter_to_give(tmp_path):
+    tied = Template.from_file(_folder(tmp_path, wide=WIDE, tied=TIED) / "tied.py.j2", "toy/axpy")
+    with pytest.raises(TemplateError, match=r"WARPS2 is tied to num_warps \(\[ties\]\): give num_warps"):
+        tied.render({"BLOCK": 16, "num_warps": 2, "WARPS2": 4})
+
+
+def test_a_template_that_is_not_utf8_or_has_no_string_description_is_one_clear_error(tmp_path):
+    path = tmp_path / "latin.py.j2"
+    path.write_bytes(WIDE.encode() + b"# caf\xe9\n")
+    with pytest.raises(TemplateError, match=r"latin.py.j2: not UTF-8 text \(byte 0xe9 at offset \d+\)"):
+        Template.from_file(path, "toy/axpy")
+    path.write_text(WIDE.replace('role = "variant"', 'role = "variant"\ndescription = 5'))
+    with pytest.raises(TemplateError, match=r"latin.py.j2 \[template\] description: must be a string"):
+        Template.from_file(path, "toy/axpy")
+
+
+def test_a_block_folder_needs_one_baseline_and_template_names_that_are_identifiers(tmp_path):
+    import shutil
+
+    shutil.copytree(FIXTURES / "toy", tmp_path / "toy")
+    folder = tmp_path / "toy" / "axpy"
+    baseline = (folder / "baseline.py.j2").read_text()
+    (folder / "second.py.j2").write_text(baseline)
+    with pytest.raises(UserError, match=r'block toy/axpy must have exactly one template with role = "baseline", found '
+                                        r"2 \(baseline.py.j2, second.py.j2\)"):
+        Catalog.discover(tmp_path).templates("toy/axpy")
+    (folder / "second.py.j2").unlink()
+    (folder / "my-variant.py.j2").write_text(baseline.replace('role = "baseline"', 'role = "variant"'))
+    with pytest.raises(UserError, match=r"my-variant.py.j2: a template's name must be a Python identifier"):
+        Catalog.discover(tmp_path).template("toy/axpy/baseline")
+
+
+@pytest.mark.parametrize("edit", [
+    lambda t: t.replace('role = "baseline"', "role = 'baseline'"),
+    lambda t: t.replace('baseline_source = "the serving engine\'s default"',
+                        'baseline_source = """the serving\nengine\'s default"""'),
+    lambda t: t.replace('[template]', '[ template ]  # what this is'),
+    lambda t: re.sub(r'description = """[^"]*"""', 'description = "one line"  # and a comment', t),
+])
+def test_the_scaffold_takes_any_way_of_writing_the_baselines_header(tmp_path, edit):
+    from kernelforge.template import variant_text
+
+    text = edit(SHIPPED)
+    assert text != SHIPPED
+    baseline = Template.from_file(_folder(tmp_path, baseline=text) / "baseline.py.j2", "toy/axpy")
+    for header_only in (False, True):
+        (tmp_path / "mine.py.j2").write_text(variant_text(baseline, header_only=header_only))
+        mine = Template.from_file(tmp_path / "mine.py.j2", "toy/axpy")
+        assert mine.role == "variant" and not mine.baseline_rules and mine.space == baseline.space
+        assert mine.body_of == ("baseline" if header_only else None)
 
 
 def test_a_text_on_its_own_must_hold_the_body_it_names():

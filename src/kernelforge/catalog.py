@@ -61,7 +61,8 @@ class Catalog:
     def discover(cls, root: Path | str | None = None) -> "Catalog":
         root = Path(root) if root is not None else default_kernels_root()
         if not root.is_dir():
-            raise UserError(f"kernels folder {root} does not exist; set KERNELFORGE_KERNELS to your kernels/ folder")
+            raise UserError(f"kernels folder {root} does not exist; give your kernels/ folder (--kernels DIR or "
+                            "KERNELFORGE_KERNELS)")
         return cls(root)
 
     @cached_property
@@ -83,10 +84,23 @@ class Catalog:
             ) from None
 
     def templates(self, block_id: str) -> list[Template]:
-        """The templates in a block's folder, baseline first."""
+        """The templates in a block's folder, baseline first. Raises UserError naming the files
+        when a file's name is not a template name (a Python identifier, as ``kernelforge new``
+        asks) or the folder has no baseline template, or more than one."""
         self.block(block_id)
         folder = self.root / block_id
-        templates = [Template.from_file(p, block_id) for p in sorted(folder.glob(f"*{TEMPLATE_SUFFIX}"))]
+        paths = sorted(folder.glob(f"*{TEMPLATE_SUFFIX}"))
+        for path in paths:
+            if not path.name[: -len(TEMPLATE_SUFFIX)].isidentifier():
+                raise UserError(f"{path}: a template's name must be a Python identifier (letters, digits, _), as "
+                                f"its id {block_id}/NAME is; rename the file")
+        templates = [Template.from_file(p, block_id) for p in paths]
+        baselines = [t.path.name for t in templates if t.role == "baseline" and t.path is not None]
+        if len(baselines) != 1:
+            fix = ('set role = "variant" in all but the one experts ship' if baselines else
+                   'set role = "baseline" in the template experts ship')
+            raise UserError(f"block {block_id} must have exactly one template with role = \"baseline\", found "
+                            f"{len(baselines)}{' (' + ', '.join(baselines) + ')' if baselines else ''} in {folder}; {fix}")
         return sorted(templates, key=lambda t: (t.role != "baseline", t.id))
 
     def all_templates(self) -> list[Template]:
@@ -109,12 +123,7 @@ class Catalog:
 
     def baseline(self, block_id: str) -> Template:
         """The block's human-baseline template (role = "baseline")."""
-        baselines = [t for t in self.templates(block_id) if t.role == "baseline"]
-        if len(baselines) != 1:
-            raise UserError(
-                f"block {block_id} must have exactly one template with role = \"baseline\", found {len(baselines)}"
-            )
-        return baselines[0]
+        return self.templates(block_id)[0]  # exactly one, first (templates() checks)
 
     def resolve(self, name: str) -> Template:
         """A block id (meaning its baseline template) or a template id."""

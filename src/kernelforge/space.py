@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import ast
 import itertools
+import numbers
 import operator
 import random
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from kernelforge.errors import UserError
 from kernelforge.limits import MAX_EXPRESSION_CHARS, MAX_EXPRESSION_NODES, LimitExceeded, bounded_arithmetic
@@ -175,8 +176,10 @@ class Space:
     feasible: frozenset[tuple[Any, ...]] | None = None
 
     @classmethod
-    def build(cls, params: Mapping[str, Any], constraints: list[str] | tuple[str, ...], where: str) -> "Space":
-        """Validate a raw mapping (from TOML) and build a space; ``where`` names the source in errors."""
+    def build(cls, params: Mapping[str, Any], constraints: list[str] | tuple[str, ...], where: str, *,
+              constraints_where: str | None = None) -> "Space":
+        """Validate a raw mapping (from TOML) and build a space; ``where`` names the source in errors
+        (``constraints_where`` the constraints' source, when it is another field)."""
         built: list[tuple[str, tuple[Any, ...]]] = []
         for name, values in params.items():
             if not name.isidentifier():
@@ -187,7 +190,7 @@ class Space:
                 raise UserError(f"{where}: parameter {name} lists a value twice: {list(values)}")
             built.append((name, tuple(values)))
         known = {name for name, _ in built}
-        parsed = tuple(Constraint(text, known, where) for text in constraints)
+        parsed = tuple(Constraint(text, known, constraints_where or where) for text in constraints)
         return cls(tuple(built), parsed)
 
     @property
@@ -216,7 +219,7 @@ class Space:
         if unknown:
             out.append(f"unknown parameter(s) {', '.join(unknown)} (the space has {', '.join(self.names)})")
         for name, allowed in self.params:
-            if name in point and point[name] not in allowed:
+            if name in point and not is_one_of(point[name], allowed):
                 out.append(f"{name}={point[name]!r} is not one of {list(allowed)}")
         if not out:
             out.extend(f"violates constraint {c.text!r}" for c in self.constraints if not c.holds(point))
@@ -273,6 +276,23 @@ def parse_value(text: str) -> Any:
         except ValueError:
             pass
     return text
+
+
+def is_one_of(value: Any, allowed: Sequence[Any]) -> bool:
+    """Whether ``value`` is one of a parameter's ``allowed`` values: equal, and of the same kind where
+    the kind changes what renders. Python has ``True == 1`` and ``256.0 == 256``, but a template
+    rendered at ``True`` or ``256.0`` is not the one rendered at ``1`` or ``256`` (``tl.arange`` takes
+    no float): a boolean matches only a boolean, and an integer value only an integer. An integer
+    may stand for a float value (``1`` for ``1.0``)."""
+    for option in allowed:
+        if value != option:
+            continue
+        if isinstance(value, bool) or isinstance(option, bool):
+            if isinstance(value, bool) and isinstance(option, bool):
+                return True
+        elif not isinstance(option, numbers.Integral) or isinstance(value, numbers.Integral):
+            return True
+    return False
 
 
 def is_number(value: Any) -> bool:

@@ -118,11 +118,12 @@ class Template:
         header = _header(text, str(path))
         info = header.get("template", {})
         body_of = info.get("body") if isinstance(info, dict) else None
+        body_at = None
         if isinstance(body_of, str) and _BODY_NAME.fullmatch(body_of):
-            text = _joined(text, path, body_of)  # the same header, so parsed once
+            text, body_at = _joined(text, path, body_of)  # the same header, so parsed once
             _check_size(text, str(path))
         return cls._parsed(text, header, template_id=f"{block_id}/{name}", block_id=block_id, where=str(path),
-                           path=path)
+                           path=path, body_at=body_at)
 
     @classmethod
     def from_text(
@@ -136,8 +137,9 @@ class Template:
 
     @classmethod
     def _parsed(cls, text: str, header: dict[str, Any], *, template_id: str, block_id: str, where: str,
-                path: Path | None) -> "Template":
-        """The template of ``text``, whose TOML header is ``header`` (parsed by :func:`_header`)."""
+                path: Path | None, body_at: _BodyAt | None = None) -> "Template":
+        """The template of ``text``, whose TOML header is ``header`` (parsed by :func:`_header`);
+        ``body_at``: where the body of a joined text is (its errors name that file and line)."""
         info = header.get("template", {})
         _check_keys(info, where)
         unknown_tables = sorted(set(header) - {"template", "space", "baseline", "baselines", "ties"})
@@ -153,11 +155,14 @@ class Template:
         if not isinstance(constraints, list) or not all(isinstance(c, str) for c in constraints):
             raise TemplateError(f'{where} [template] constraints: must be a list of expressions, e.g. '
                                 f'constraints = ["BLOCK_N <= BLOCK_M"]')
-        space = _as_template_error(Space.build, header["space"], constraints, where=f"{where} [space]")
+        space = _as_template_error(Space.build, header["space"], constraints, where=f"{where} [space]",
+                                   constraints_where=f"{where} [template] constraints")
         baseline = dict(header.get("baseline", {}))
         problems = _as_template_error(space.problems, baseline)
         if problems:
             raise TemplateError(f"{where} [baseline]: {'; '.join(problems)}")
+        if not isinstance(info.get("description", ""), str):
+            raise TemplateError(f'{where} [template] description: must be a string, e.g. description = "Wider tiles"')
         role = info.get("role", "variant")
         origin = info.get("origin", "human")
         if role not in ROLES:
@@ -178,9 +183,9 @@ class Template:
         try:
             parsed = parse_body(text)
         except jinja2.TemplateSyntaxError as exc:
-            raise TemplateError(f"{where}:{exc.lineno}: Jinja syntax error: {exc.message}") from None
+            raise TemplateError(f"{_line(where, exc.lineno, body_at)}: Jinja syntax error: {exc.message}") from None
         except BodyRefused as exc:
-            raise TemplateError(f"{where}:{exc.lineno}: {exc.message}") from None
+            raise TemplateError(f"{_line(where, exc.lineno, body_at)}: {exc.message}") from None
         for table, names in (("[space]", space.names), ("[ties]", ties)):
             taken = collisions(names)
             if taken:
@@ -191,7 +196,8 @@ class Template:
         if used != declared:
             parts = []
             if used - declared:
-                parts.append(f"uses undeclared {', '.join(sorted(used - declared))}")
+                owner = f"the body ({body_at.path}) uses" if body_at else "uses"
+                parts.append(f"{owner} undeclared {', '.join(sorted(used - declared))}: add it to [space] or [ties]")
             if declared - used:
                 parts.append(f"declares unused {', '.join(sorted(declared - used))}")
             raise TemplateError(f"{where}: template variables must equal its [space] and [ties]: {'; '.join(parts)}")
@@ -203,7 +209,7 @@ class Template:
             baseline=baseline,
             role=role,
             origin=origin,
-            description=str(info.get("description", "")),
+            description=info.get("description", ""),
             path=path,
             baseline_source=baseline_source,
             baseline_rules=rules,
@@ -221,6 +227,10 @@ class Template:
 
     def render(self, point: Mapping[str, Any]) -> str:
         """The module source at ``point``; raises TemplateError naming what is wrong with it."""
+        tied = sorted(set(point) & set(self.ties))
+        if tied:
+            raise TemplateError(f"template {self.id}: " + "; ".join(
+                f"{name} is tied to {self.ties[name]} ([ties]): give {self.ties[name]}" for name in tied))
         problems = _as_template_error(self.space.problems, point)
         if problems:
             raise TemplateError(f"template {self.id}: {'; '.join(problems)}")
@@ -245,26 +255,57 @@ class Template:
                        str(self.path or self.id))
 
 
+#: A TOML string value on one line, or a multi-line one, with a comment after it: what the edits of
+#: :func:`variant_text` take as a key's value.
+_TOML_STRING = ('(?:"""[\\s\\S]*?"""' "|'''[\\s\\S]*?'''" r'|"(?:[^"\\\n]|\\.)*"' r"|'[^'\n]*')" r"[ \t]*(?:#[^\n]*)?")
+
+
 def variant_text(baseline: Template, *, header_only: bool = False) -> str:
     """The text of a new variant scaffolded from the block's ``baseline`` (``kernelforge new``): its
     header with ``role = "variant"``, a description to replace, no per-shape baselines (they belong
-    to the baseline: the variant starts at ``[baseline]``) and no ``baseline_source``. A copy of the
-    baseline's body follows it, or, with ``header_only``, none: the header then names the baseline's
-    body (``[template] body``), so the variant searches another space, other ties or constraints of
-    the same kernel without a second copy of it."""
-    header, body = baseline.text[: len(baseline.text) - len(_body(baseline.text))], _body(baseline.text)
-    header = re.sub(r'(?m)^role\s*=\s*"baseline"', 'role = "variant"', header, count=1)
-    header = re.sub(r'(?ms)^\[\[baselines\]\][ \t]*\n.*?(?=^\[|^-?#\})', "", header)
-    header = re.sub(r'(?m)^baseline_source\s*=.*\n', "", header, count=1)
-    header = re.sub(r'(?m)^description\s*=\s*(""".*?"""|".*?")[ \t]*$',
-                    f'description = "Variant of {baseline.id}: describe your change"', header, count=1,
-                    flags=re.DOTALL)
+    to the baseline: the variant starts at ``[baseline]``; the comment lines right above a rule go
+    with it) and no ``baseline_source``; the header's other lines and comments as they are. A copy
+    of the baseline's body follows it, or, with ``header_only``, none: the header then names the
+    baseline's body (``[template] body``; the template that holds it, where the baseline is itself
+    a header), so the variant searches another space, other ties or constraints of the same kernel
+    without a second copy of it. Raises UserError naming the baseline's file when its header is
+    written in a way these edits do not reach (the result is checked)."""
+    body = _body(baseline.text)
+    header = baseline.text[: len(baseline.text) - len(body)]
+    header = re.sub(r"(?m)^(role\s*=\s*)([\"'])baseline\2", r'\1"variant"', header, count=1)
+    header = re.sub(r"(?ms)(?:^#[^\n]*\n)*^\[\[\s*baselines\s*\]\][^\n]*\n.*?(?=^\[|^-?#\})", "", header)
+    header = re.sub(rf"(?m)^baseline_source\s*=\s*{_TOML_STRING}\n", "", header, count=1)
+    header = re.sub(rf"(?m)^description\s*=\s*{_TOML_STRING}$",
+                    f'description = "Variant of {baseline.id}: describe your change"', header, count=1)
     if not header_only:
-        return re.sub(r'(?m)^body\s*=.*\n', "", header, count=1) + body  # the body is copied here
-    if baseline.body_of is not None:  # the baseline is a header itself: name the template that holds the body
-        return header
-    name = baseline.id.rpartition("/")[2]
-    return re.sub(r'(?m)^\[template\][ \t]*$', f'[template]\nbody = "{name}"', header, count=1)
+        header = re.sub(rf"(?m)^body\s*=\s*{_TOML_STRING}\n", "", header, count=1)
+    elif baseline.body_of is None:
+        name = baseline.id.rpartition("/")[2]
+        header = re.sub(r"(?m)^\[\s*template\s*\][^\n]*$", lambda m: f'{m.group(0)}\nbody = "{name}"', header, count=1)
+    _check_scaffold(header, baseline, header_only)
+    return header if header_only else header + body
+
+
+def _check_scaffold(header: str, baseline: Template, header_only: bool) -> None:
+    """That :func:`variant_text`'s edits took: a variant, no rules or source, the body named only
+    with ``header_only``."""
+    where = str(baseline.path or baseline.id)
+    try:
+        info = _header(header, where)
+    except TemplateError as exc:
+        info, problem = {}, str(exc)
+    else:
+        meta = info.get("template", {})
+        body = baseline.body_of or baseline.id.rpartition("/")[2]
+        problem = next((text for wrong, text in (
+            (meta.get("role") != "variant", 'role is not "variant"'),
+            ("baselines" in info, "[[baselines]] rules are left"),
+            ("baseline_source" in meta, "baseline_source is left"),
+            (meta.get("body") != (body if header_only else None), f"body is not {body if header_only else 'gone'}"),
+        ) if wrong), "")
+    if problem:
+        raise UserError(f"{where}: `kernelforge new` could not scaffold a variant from this header ({problem}); "
+                        'copy the file by hand, set role = "variant" and remove its [[baselines]] rules')
 
 
 def _read(path: Path) -> str:
@@ -272,6 +313,26 @@ def _read(path: Path) -> str:
         return path.read_text(encoding="utf-8")
     except OSError as exc:
         raise TemplateError(f"{path}: cannot read template ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise TemplateError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
+                            "save the template as UTF-8") from None
+
+
+@dataclass(frozen=True)
+class _BodyAt:
+    """Where the body of a joined template comes from: ``path``, and the number of lines to add to a
+    line of the joined text from line ``first`` on to get that file's line."""
+
+    path: str
+    offset: int
+    first: int
+
+
+def _line(where: str, lineno: int | None, body_at: _BodyAt | None) -> str:
+    """``file:line`` of a line of a template's text: the body's own file for a joined template."""
+    if body_at is not None and lineno is not None and lineno >= body_at.first:
+        return f"{body_at.path}:{lineno + body_at.offset}"
+    return f"{where}:{lineno}"
 
 
 def _check_size(text: str, where: str) -> None:
@@ -302,9 +363,10 @@ def _body(text: str) -> str:
     return text[match.end():] if match else text
 
 
-def _joined(text: str, path: Path, body_of: str) -> str:
+def _joined(text: str, path: Path, body_of: str) -> tuple[str, _BodyAt]:
     """The header-only template ``text`` of ``path`` with the body of the template ``body_of`` of
-    its folder after it. That template must hold a body of its own (no chains)."""
+    its folder after it, and where that body is. That template must hold a body of its own (no
+    chains)."""
     where, source = f"{path} [template] body", path.with_name(body_of + TEMPLATE_SUFFIX)
     if source == path or not source.is_file():
         raise TemplateError(f"{where}: {body_of!r} is not another template of {path.parent}; name the template "
@@ -316,7 +378,9 @@ def _joined(text: str, path: Path, body_of: str) -> str:
     if _body(text).strip():
         raise TemplateError(f"{where}: the template has a body of its own; a template with [template] body is "
                             "a header alone, so remove its body or the key")
-    return _HEADER.match(text).group(0) + _body(source_text)  # type: ignore[union-attr]
+    header, source_header = (_HEADER.match(t).group(0) for t in (text, source_text))  # type: ignore[union-attr]
+    at = _BodyAt(str(source), source_header.count("\n") - header.count("\n"), header.count("\n") + 1)
+    return header + _body(source_text), at
 
 
 def _check_body_of(body_of: Any, text: str, where: str) -> None:

@@ -38,6 +38,8 @@ def test_render_applies_overrides():
     [
         (("render", "toy/axpy/baseline", "BLOCK=7"), "BLOCK=7 is not one of"),
         (("render", "toy/axpy/baseline", "BLOCK"), "must be written NAME=VALUE"),
+        (("render", "toy/axpy/baseline", "BLOCK=64", "BLOCK=256"), "parameter BLOCK is given twice"),
+        (("render", "toy/axpy/baseline", "BLOCK=256.0"), "BLOCK=256.0 is not one of [64, 256, 1024]"),
         (("render", "toy/axpy/nope"), "unknown template"),
         (("check", "toy/axpi", "--device", "interpret"), "did you mean toy/axpy"),
         (("check", "toy/axpy", "--device", "interpret", "--shapes", "huge"), "no shape set or shape named 'huge'"),

@@ -37,6 +37,8 @@ def parse_params(pairs: tuple[str, ...]) -> dict[str, Any]:
         name, sep, value = pair.partition("=")
         if not sep or not name:
             raise UserError(f"parameter {pair!r} must be written NAME=VALUE, e.g. BLOCK_M=64")
+        if name.strip() in params:
+            raise UserError(f"parameter {name.strip()} is given twice; give each parameter once")
         params[name.strip()] = parse_value(value.strip())
     return params
 

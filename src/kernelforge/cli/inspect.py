@@ -120,7 +120,8 @@ def new(ctx: click.Context, name: str, header_only: bool = False) -> None:
     except UserError:
         path.unlink()  # written just now: leave nothing invalid behind
         raise
-    what = f"a header over {baseline.id}'s body" if header_only else f"a copy of {baseline.id}"
+    holder = f"{block_id}/{baseline.body_of}" if baseline.body_of else baseline.id  # no chains: who holds the body
+    what = f"a header over {holder}'s body" if header_only else f"a copy of {baseline.id}"
     console.print(f"created [bold]{path}[/] ({what}, role = variant)")
     edit = "its [space], [ties] or constraints" if header_only else "it"
     console.print(f"next: edit {edit}, then `kernelforge check {block_id}/{stem} --device interpret --shapes smoke`",
