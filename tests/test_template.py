@@ -374,6 +374,19 @@ def test_a_template_that_is_not_utf8_or_has_no_string_description_is_one_clear_e
         Template.from_file(path, "toy/axpy")
 
 
+def test_a_header_error_names_the_files_line_and_a_byte_order_mark_is_no_error(tmp_path):
+    path = tmp_path / "wide.py.j2"
+    path.write_text("\n\n" + WIDE.replace("BLOCK = 32", "BLOCK = 32 32"))
+    line = ("\n\n" + WIDE).splitlines().index("BLOCK = 32") + 1
+    with pytest.raises(TemplateError, match=rf"header is not valid TOML \(.*at line {line} of the file"):
+        Template.from_file(path, "toy/axpy")
+    path.write_text(WIDE.replace("-#}", ""))
+    with pytest.raises(TemplateError, match=r"the header's opening \{#- is never closed; end the header with -#\}"):
+        Template.from_file(path, "toy/axpy")
+    path.write_bytes(b"\xef\xbb\xbf" + WIDE.encode())
+    assert Template.from_file(path, "toy/axpy").render_baseline() == "BLOCK = 32\nWARPS = 4, 8\n"
+
+
 def test_a_block_folder_needs_one_baseline_and_template_names_that_are_identifiers(tmp_path):
     import shutil
 

@@ -310,7 +310,7 @@ def _check_scaffold(header: str, baseline: Template, header_only: bool) -> None:
 
 def _read(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")  # an editor's byte-order mark is not the header's start
     except OSError as exc:
         raise TemplateError(f"{path}: cannot read template ({exc.strerror})") from None
     except UnicodeDecodeError as exc:
@@ -346,6 +346,8 @@ def _header(text: str, where: str) -> dict[str, Any]:
     :data:`~kernelforge.limits.MAX_SOURCE_CHARS` is refused first."""
     _check_size(text, where)
     match = _HEADER.match(text)
+    if not match and text.lstrip().startswith("{#"):
+        raise TemplateError(f"{where}: the header's opening {{#- is never closed; end the header with -#}}")
     if not match:
         raise TemplateError(
             f"{where}: no header; a template starts with a Jinja comment {{#- ... -#}} holding "
@@ -354,7 +356,9 @@ def _header(text: str, where: str) -> dict[str, Any]:
     try:
         return tomllib.loads(match.group(1))
     except tomllib.TOMLDecodeError as exc:
-        raise TemplateError(f"{where}: header is not valid TOML ({exc})") from None
+        before = text[: match.start(1)].count("\n")  # the file's lines before the header's first
+        message = re.sub(r"at line (\d+)", lambda m: f"at line {int(m.group(1)) + before} of the file", str(exc))
+        raise TemplateError(f"{where}: header is not valid TOML ({message})") from None
 
 
 def _body(text: str) -> str:
