@@ -317,7 +317,7 @@ WARPS = {{ num_warps }}
 
 @pytest.mark.parametrize("header_only", [False, True])
 def test_a_variant_scaffolded_from_the_baseline_is_valid_and_starts_at_its_baseline_point(tmp_path, header_only):
-    from kernelforge.template import variant_text
+    from kernelforge.scaffold import variant_text
 
     folder = _folder(tmp_path, baseline=SHIPPED)
     baseline = Template.from_file(folder / "baseline.py.j2", "toy/axpy")
@@ -333,7 +333,7 @@ def test_a_variant_scaffolded_from_the_baseline_is_valid_and_starts_at_its_basel
 
 
 def test_a_variant_of_a_header_only_baseline_names_the_same_body_or_copies_it(tmp_path):
-    from kernelforge.template import variant_text
+    from kernelforge.scaffold import variant_text
 
     folder = _folder(tmp_path, wide=WIDE, tied=TIED.replace('role = "variant"', 'role = "baseline"'))
     tied = Template.from_file(folder / "tied.py.j2", "toy/axpy")
@@ -411,7 +411,7 @@ def test_a_block_folder_needs_one_baseline_and_template_names_that_are_identifie
     lambda t: re.sub(r'description = """[^"]*"""', 'description = "one line"  # and a comment', t),
 ])
 def test_the_scaffold_takes_any_way_of_writing_the_baselines_header(tmp_path, edit):
-    from kernelforge.template import variant_text
+    from kernelforge.scaffold import variant_text
 
     text = edit(SHIPPED)
     assert text != SHIPPED

@@ -115,7 +115,7 @@ class Template:
         another template's body (``[template] body``) gets that file's body joined to it."""
         name = path.name[: -len(TEMPLATE_SUFFIX)] if path.name.endswith(TEMPLATE_SUFFIX) else path.stem
         text = _read(path)
-        header = _header(text, str(path))
+        header = parse_header(text, str(path))
         info = header.get("template", {})
         body_of = info.get("body") if isinstance(info, dict) else None
         body_at = None
@@ -132,13 +132,13 @@ class Template:
         """Parse template source ``text``; ``where`` names it in error messages. The body is
         parsed by :func:`kernelforge.render.parse_body` (the sandboxed template language); a text
         over :data:`~kernelforge.limits.MAX_SOURCE_CHARS` is refused before anything else."""
-        return cls._parsed(text, _header(text, where), template_id=template_id, block_id=block_id, where=where,
+        return cls._parsed(text, parse_header(text, where), template_id=template_id, block_id=block_id, where=where,
                            path=path)
 
     @classmethod
     def _parsed(cls, text: str, header: dict[str, Any], *, template_id: str, block_id: str, where: str,
                 path: Path | None, body_at: _BodyAt | None = None) -> "Template":
-        """The template of ``text``, whose TOML header is ``header`` (parsed by :func:`_header`);
+        """The template of ``text``, whose TOML header is ``header`` (parsed by :func:`parse_header`);
         ``body_at``: where the body of a joined text is (its errors name that file and line)."""
         info = header.get("template", {})
         _check_keys(info, where)
@@ -255,59 +255,6 @@ class Template:
                        str(self.path or self.id))
 
 
-#: A TOML string value on one line, or a multi-line one, with a comment after it: what the edits of
-#: :func:`variant_text` take as a key's value.
-_TOML_STRING = ('(?:"""[\\s\\S]*?"""' "|'''[\\s\\S]*?'''" r'|"(?:[^"\\\n]|\\.)*"' r"|'[^'\n]*')" r"[ \t]*(?:#[^\n]*)?")
-
-
-def variant_text(baseline: Template, *, header_only: bool = False) -> str:
-    """The text of a new variant scaffolded from the block's ``baseline`` (``kernelforge new``): its
-    header with ``role = "variant"``, a description to replace, no per-shape baselines (they belong
-    to the baseline: the variant starts at ``[baseline]``; the comment lines right above a rule go
-    with it) and no ``baseline_source``; the header's other lines and comments as they are. A copy
-    of the baseline's body follows it, or, with ``header_only``, none: the header then names the
-    baseline's body (``[template] body``; the template that holds it, where the baseline is itself
-    a header), so the variant searches another space, other ties or constraints of the same kernel
-    without a second copy of it. Raises UserError naming the baseline's file when its header is
-    written in a way these edits do not reach (the result is checked)."""
-    body = _body(baseline.text)
-    header = baseline.text[: len(baseline.text) - len(body)]
-    header = re.sub(r"(?m)^(role\s*=\s*)([\"'])baseline\2", r'\1"variant"', header, count=1)
-    header = re.sub(r"(?ms)(?:^#[^\n]*\n)*^\[\[\s*baselines\s*\]\][^\n]*\n.*?(?=^\[|^-?#\})", "", header)
-    header = re.sub(rf"(?m)^baseline_source\s*=\s*{_TOML_STRING}\n", "", header, count=1)
-    header = re.sub(rf"(?m)^description\s*=\s*{_TOML_STRING}$",
-                    f'description = "Variant of {baseline.id}: describe your change"', header, count=1)
-    if not header_only:
-        header = re.sub(rf"(?m)^body\s*=\s*{_TOML_STRING}\n", "", header, count=1)
-    elif baseline.body_of is None:
-        name = baseline.id.rpartition("/")[2]
-        header = re.sub(r"(?m)^\[\s*template\s*\][^\n]*$", lambda m: f'{m.group(0)}\nbody = "{name}"', header, count=1)
-    _check_scaffold(header, baseline, header_only)
-    return header if header_only else header + body
-
-
-def _check_scaffold(header: str, baseline: Template, header_only: bool) -> None:
-    """That :func:`variant_text`'s edits took: a variant, no rules or source, the body named only
-    with ``header_only``."""
-    where = str(baseline.path or baseline.id)
-    try:
-        info = _header(header, where)
-    except TemplateError as exc:
-        info, problem = {}, str(exc)
-    else:
-        meta = info.get("template", {})
-        body = baseline.body_of or baseline.id.rpartition("/")[2]
-        problem = next((text for wrong, text in (
-            (meta.get("role") != "variant", 'role is not "variant"'),
-            ("baselines" in info, "[[baselines]] rules are left"),
-            ("baseline_source" in meta, "baseline_source is left"),
-            (meta.get("body") != (body if header_only else None), f"body is not {body if header_only else 'gone'}"),
-        ) if wrong), "")
-    if problem:
-        raise UserError(f"{where}: `kernelforge new` could not scaffold a variant from this header ({problem}); "
-                        'copy the file by hand, set role = "variant" and remove its [[baselines]] rules')
-
-
 def _read(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8-sig")  # an editor's byte-order mark is not the header's start
@@ -341,7 +288,7 @@ def _check_size(text: str, where: str) -> None:
                             f"{MAX_SOURCE_CHARS} (MAX_SOURCE_CHARS)")
 
 
-def _header(text: str, where: str) -> dict[str, Any]:
+def parse_header(text: str, where: str) -> dict[str, Any]:
     """The TOML header of a template text (its opening Jinja comment), parsed; a text over
     :data:`~kernelforge.limits.MAX_SOURCE_CHARS` is refused first."""
     _check_size(text, where)
@@ -361,7 +308,7 @@ def _header(text: str, where: str) -> dict[str, Any]:
         raise TemplateError(f"{where}: header is not valid TOML ({message})") from None
 
 
-def _body(text: str) -> str:
+def body_text(text: str) -> str:
     """What follows the header of a template text (the text itself when it has no header)."""
     match = _HEADER.match(text)
     return text[match.end():] if match else text
@@ -376,15 +323,15 @@ def _joined(text: str, path: Path, body_of: str) -> tuple[str, _BodyAt]:
         raise TemplateError(f"{where}: {body_of!r} is not another template of {path.parent}; name the template "
                             f"whose body this one renders, without {TEMPLATE_SUFFIX}, e.g. body = \"baseline\"")
     source_text = _read(source)
-    if "body" in _header(source_text, str(source)).get("template", {}):
+    if "body" in parse_header(source_text, str(source)).get("template", {}):
         raise TemplateError(f"{where}: {source.name} takes its body from another template itself; name the "
                             "template that holds the body")
-    if _body(text).strip():
+    if body_text(text).strip():
         raise TemplateError(f"{where}: the template has a body of its own; a template with [template] body is "
                             "a header alone, so remove its body or the key")
     header, source_header = (_HEADER.match(t).group(0) for t in (text, source_text))  # type: ignore[union-attr]
     at = _BodyAt(str(source), source_header.count("\n") - header.count("\n"), header.count("\n") + 1)
-    return header + _body(source_text), at
+    return header + body_text(source_text), at
 
 
 def _check_body_of(body_of: Any, text: str, where: str) -> None:
@@ -395,7 +342,7 @@ def _check_body_of(body_of: Any, text: str, where: str) -> None:
     if not isinstance(body_of, str) or not _BODY_NAME.fullmatch(body_of):
         raise TemplateError(f'{where} [template] body: must name a template of the same folder without '
                             f'{TEMPLATE_SUFFIX}, e.g. body = "baseline"')
-    if not _body(text).strip():
+    if not body_text(text).strip():
         raise TemplateError(f"{where} [template] body: the body of {body_of}{TEMPLATE_SUFFIX} is joined to this "
                             "header when the template is loaded from its folder; a template text on its own "
                             "must hold its body")

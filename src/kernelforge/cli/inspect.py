@@ -100,7 +100,8 @@ def render(ctx: click.Context, template_id: str, params: tuple[str, ...]) -> Non
 @click.pass_context
 def new(ctx: click.Context, name: str, header_only: bool = False) -> None:
     """Scaffold template BLOCK/NAME from the block's baseline, ready to edit."""
-    from kernelforge.template import TEMPLATE_SUFFIX, Template, variant_text
+    from kernelforge.scaffold import variant_text
+    from kernelforge.template import TEMPLATE_SUFFIX, Template
 
     catalog = catalog_of(ctx)
     block_id, _, stem = name.rpartition("/")
