@@ -99,8 +99,9 @@ class Catalog:
         if len(baselines) != 1:
             fix = ('set role = "variant" in all but the one experts ship' if baselines else
                    'set role = "baseline" in the template experts ship')
+            found = f"{len(baselines)} ({', '.join(baselines)})" if baselines else "0"
             raise UserError(f"block {block_id} must have exactly one template with role = \"baseline\", found "
-                            f"{len(baselines)}{' (' + ', '.join(baselines) + ')' if baselines else ''} in {folder}; {fix}")
+                            f"{found} in {folder}; {fix}")
         return sorted(templates, key=lambda t: (t.role != "baseline", t.id))
 
     def all_templates(self) -> list[Template]:

@@ -193,8 +193,8 @@ def strategy_bench(path: str, strategies: str | None, seeds: int, first_seed: in
     if with_cold and warm_from is None:
         raise UserError("--with-cold compares a warm start with a cold one: add --warm-from SPACE")
     files = cache_files(path)
-    check_outputs({"--json": json_path, "--markdown": markdown_path},
-                  files + ([Path(warm_from)] if warm_from is not None else []), Path(path) if Path(path).is_dir() else None)
+    read = files + ([Path(warm_from)] if warm_from is not None else [])
+    check_outputs({"--json": json_path, "--markdown": markdown_path}, read, Path(path) if Path(path).is_dir() else None)
     spaces = [load_kernel_tuner_cache(file) for file in files]
     warm = None
     if warm_from is not None:

@@ -20,7 +20,8 @@ import statistics
 from dataclasses import dataclass
 
 from kernelforge.strategies.bench import anytime
-from kernelforge.strategies.bench.run import REFERENCE, THRESHOLDS, BenchRow, SpaceBench, evaluations_to, median_is_bound
+from kernelforge.strategies.bench.run import (REFERENCE, THRESHOLDS, BenchRow, SpaceBench, evaluations_to,
+                                          median_is_bound)
 from kernelforge.strategies.bench.stats import fraction_interval
 
 

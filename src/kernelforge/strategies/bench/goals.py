@@ -40,7 +40,8 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from kernelforge.strategies.bench.run import FLOOR, REFERENCE, THRESHOLDS, BenchRow, SpaceBench, evaluations_text, median_is_bound
+from kernelforge.strategies.bench.run import (FLOOR, REFERENCE, THRESHOLDS, BenchRow, SpaceBench, evaluations_text,
+                                          median_is_bound)
 
 __all__ = ["EARLY", "FRACTION", "HALF", "QUICK", "Goal", "Verdict", "bench_goals", "goals", "tally",
            "tally_text", "transfer_goals", "transfer_pairs"]

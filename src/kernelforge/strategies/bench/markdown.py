@@ -28,7 +28,8 @@ from typing import Sequence
 
 from kernelforge.strategies.bench.compare import Relative, relative
 from kernelforge.strategies.bench.goals import Goal, bench_goals, tally_text
-from kernelforge.strategies.bench.run import FLOOR, LEVEL, REFERENCE, THRESHOLDS, BenchRow, SpaceBench, evaluations_text
+from kernelforge.strategies.bench.run import (FLOOR, LEVEL, REFERENCE, THRESHOLDS, BenchRow, SpaceBench,
+                                          evaluations_text)
 
 __all__ = ["format_markdown"]
 

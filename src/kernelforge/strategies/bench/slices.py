@@ -31,8 +31,9 @@ __all__ = ["Fix", "parse_fix", "slice_space", "sliced"]
 class Fix:
     """One ``--fix NAME=V1,V2``: the parameter ``name`` held, in turn, at each of ``values``
     (as written: ``"1"``, ``"0.5"``; matched against a space's values as Kernel Tuner writes
-    them in its cache keys, or as the same number written another way: ``10`` for ``10.0``). No values (``--fix NAME``): each of the space's own values of
-    ``name`` that has a recorded time."""
+    them in its cache keys, or as the same number written another way: ``10`` for ``10.0``).
+    No values (``--fix NAME``): each of the space's own values of ``name`` that has a recorded
+    time."""
 
     name: str
     values: tuple[str, ...]
