@@ -112,7 +112,7 @@ def test_a_model_answer_with_an_unbounded_constraint_is_an_invalid_template_not_
     text = HEADER.replace("CONSTRAINTS", '["7 ** 7 ** 9 > A"]') + "{{ A }}\n"
     parsed = parse_answer(f"```\n{text}```\n", "toy/axpy")
     assert parsed.kind.value == "invalid_template" and "over the limit of 64" in parsed.message
-    assert "answer [space]" in parsed.message
+    assert "answer [template] constraints" in parsed.message
 
 
 def test_space_constraints_use_the_same_bounded_evaluator():
