@@ -71,13 +71,14 @@ def same_kernel(source: RecordedSpace, target: RecordedSpace) -> bool:
         return False
     if source.device and target.device:
         return source.device != target.device
-    return source.name != target.name and _in_order(source, target) != dict(target.records)
+    in_order = _in_order(source, target)
+    return source.name != target.name and {in_order(k): v for k, v in source.records.items()} != dict(target.records)
 
 
-def _in_order(source: RecordedSpace, target: RecordedSpace) -> dict[tuple[Any, ...], Any]:
-    """``source``'s records keyed in ``target``'s parameter order."""
+def _in_order(source: RecordedSpace, target: RecordedSpace) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+    """A key of ``source`` (its values in its parameter order) to the same values in ``target``'s."""
     order = [source.space.names.index(name) for name in target.space.names]
-    return {tuple(key[i] for i in order): value for key, value in source.records.items()}
+    return lambda key: tuple(key[i] for i in order)
 
 
 def other_recordings(source: RecordedSpace, spaces: Iterable[RecordedSpace], path: str) -> list[RecordedSpace]:
@@ -139,9 +140,9 @@ def rank_scores(source: RecordedSpace, target: RecordedSpace) -> dict[tuple[Any,
     """Each configuration ``source`` recorded, keyed in ``target``'s parameter order, with its
     rank score (see the module docstring). Raises UserError as :func:`warm_points` does."""
     _require_same_kernel(source, target)
-    order = [source.space.names.index(name) for name in target.space.names]
-    return scores_of([tuple(key[i] for i in order) for key in _ranked(source)],
-                     [tuple(key[i] for i in order) for key, value in source.records.items() if not isinstance(value, float)])
+    in_order = _in_order(source, target)
+    return scores_of([in_order(key) for key in _ranked(source)],
+                     [in_order(key) for key, value in source.records.items() if not isinstance(value, float)])
 
 
 def scores_of(ranked: Sequence[Hashable], failed: Iterable[Hashable] = ()) -> dict[Hashable, float]:

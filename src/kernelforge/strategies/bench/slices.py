@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from kernelforge.errors import UserError
+from kernelforge.space import is_one_of, parse_value
 from kernelforge.strategies.bench.recorded import RecordedSpace
 
 __all__ = ["Fix", "parse_fix", "slice_space", "sliced"]
@@ -31,7 +32,8 @@ __all__ = ["Fix", "parse_fix", "slice_space", "sliced"]
 class Fix:
     """One ``--fix NAME=V1,V2``: the parameter ``name`` held, in turn, at each of ``values``
     (as written: ``"1"``, ``"0.5"``; matched against a space's values as Kernel Tuner writes
-    them in its cache keys, or as the same number written another way: ``10`` for ``10.0``).
+    them in its cache keys, or as a template override of that value is: ``10`` for ``10.0``,
+    :func:`kernelforge.space.is_one_of`).
     No values (``--fix NAME``): each of the space's own values of ``name`` that has a recorded
     time."""
 
@@ -83,7 +85,7 @@ def _held_records(space: RecordedSpace, held: Sequence[tuple[str, str]]) -> tupl
             raise UserError(f"--fix {name}={text}: {space.name} has no parameter {name} (its parameters: "
                             f"{', '.join(space.space.names)})")
         match = ([value for value in space_values[name] if str(value) == text]
-                 or [value for value in space_values[name] if _same_number(value, text)])
+                 or [value for value in space_values[name] if is_one_of(parse_value(text), (value,))])
         if not match:
             raise UserError(f"--fix {name}={text}: {space.name} has no such value of {name} (its values: "
                             f"{', '.join(str(value) for value in space_values[name])})")
@@ -91,17 +93,6 @@ def _held_records(space: RecordedSpace, held: Sequence[tuple[str, str]]) -> tupl
     records = {key: value for key, value in space.records.items()
                if all(key[index[name]] == value for name, value in typed.items())}
     return typed, records
-
-
-def _same_number(value: Any, text: str) -> bool:
-    """Whether ``text`` writes the number ``value`` another way (10 for 10.0, 1e3 for 1000); never a
-    boolean, which Kernel Tuner writes as True and False."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    try:
-        return float(text) == value
-    except ValueError:
-        return False
 
 
 def _timed(records: dict) -> bool:
