@@ -70,7 +70,7 @@ def test_constraints_filter_points_and_baseline():
     template = make(constraints='["BLOCK * num_warps <= 128"]')
     points = list(template.space.points())
     assert {"BLOCK": 64, "num_warps": 4} not in points and {"BLOCK": 64, "num_warps": 2} in points
-    with pytest.raises(TemplateError, match="violates constraint"):
+    with pytest.raises(TemplateError, match="violates constraint 'BLOCK \\* num_warps <= 64' at BLOCK=32, num_warps=4"):
         make(constraints='["BLOCK * num_warps <= 64"]')
 
 
@@ -99,6 +99,15 @@ def test_constraints_cannot_run_code_or_name_unknowns(constraint, fragment):
         ("{#-\n[space]\nB = [1]\n[baseline]\nB = 1\n[other]\n-#}\n{{ B }}", "unknown header table"),
         ("{#-\n[space]\nB = [1]\n[baseline]\nB = 1\n-#}\n{% if %}", "Jinja syntax error"),
         ("{#-\n[template]\nrole = \"boss\"\n[space]\nB = [1]\n[baseline]\nB = 1\n-#}\n{{ B }}", "role"),
+        # Values a parameter cannot take, and names a body cannot read.
+        ("{#-\n[space]\nB = [1979-05-27]\n-#}\n{{ B }}", "B: 1979-05-27 is a date or time, which no parameter"),
+        ("{#-\n[space]\nB = [[1, 2]]\n-#}\n{{ B }}", "B: \\[1, 2\\] is an array"),
+        ("{#-\n[space]\nB = [1.0, nan]\n-#}\n{{ B }}", "B: nan is not a finite number"),
+        ("{#-\n[space]\nif = [1]\n[baseline]\nif = 1\n-#}\n1", "'if' is a Python keyword; rename it"),
+        ("{#-\n[space]\ntrue = [1]\n[baseline]\ntrue = 1\n-#}\n1", "true is a constant in a template body"),
+        ("{#-\n[space]\nrange = [1]\n[baseline]\nrange = 1\n-#}\n1", "range is the body's range"),
+        ("{#-\n[space]\nB = [1]\n[baseline]\nB = 1\n[ties]\nloop = \"B\"\n-#}\n{{ B }}",
+         "\\[ties\\]: loop is a name a template body may not use"),
     ],
 )
 def test_malformed_templates_name_the_problem(text, fragment):

@@ -158,6 +158,19 @@ def _check(tree: nodes.Template) -> None:
             raise _refuse(node, f"the name {node.name!r} is not allowed")
 
 
+def unreadable(name: str) -> str | None:
+    """Why a body cannot read a variable called ``name`` (None: it can): Jinja reads ``true``,
+    ``false`` and ``none`` as constants and ``range`` as the loop's function, and
+    :func:`parse_body` refuses ``self``, ``loop`` and names starting with ``_``."""
+    if name.lower() in ("true", "false", "none"):
+        return "a constant in a template body"
+    if name == "range":
+        return "the body's range(...)"
+    if name in ("self", "loop") or name.startswith("_"):
+        return "a name a template body may not use"
+    return None
+
+
 def _spoken(node: nodes.Node) -> str:
     names = {nodes.Getattr: "attribute access", nodes.Getitem: "item access", nodes.Assign: "set",
              nodes.Macro: "macro", nodes.Import: "import", nodes.Include: "include", nodes.Extends: "extends"}

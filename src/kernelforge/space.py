@@ -14,7 +14,10 @@ computed), so evaluating any header takes microseconds.
 from __future__ import annotations
 
 import ast
+import datetime
 import itertools
+import keyword
+import math
 import numbers
 import operator
 import random
@@ -182,10 +185,16 @@ class Space:
         (``constraints_where`` the constraints' source, when it is another field)."""
         built: list[tuple[str, tuple[Any, ...]]] = []
         for name, values in params.items():
-            if not name.isidentifier():
-                raise UserError(f"{where}: parameter name {name!r} is not a Python identifier")
+            if not name.isidentifier() or keyword.iskeyword(name):
+                why = "a Python keyword" if name.isidentifier() else "not a Python identifier"
+                raise UserError(f"{where}: parameter name {name!r} is {why}; rename it")
             if not isinstance(values, (list, tuple)) or not values:
                 raise UserError(f"{where}: parameter {name} must list its allowed values, e.g. {name} = [32, 64]")
+            for value in values:
+                if not is_value(value):
+                    raise UserError(f"{where}: parameter {name}: {value} is {_kind(value)}, which no parameter "
+                                    "takes; values are finite numbers, booleans or strings, e.g. "
+                                    f"{name} = [32, 64] or {name} = [\"a\", \"b\"]")
             if len(set(map(repr, values))) != len(values):
                 raise UserError(f"{where}: parameter {name} lists a value twice: {list(values)}")
             built.append((name, tuple(values)))
@@ -222,7 +231,8 @@ class Space:
             if name in point and not is_one_of(point[name], allowed):
                 out.append(f"{name}={point[name]!r} is not one of {list(allowed)}")
         if not out:
-            out.extend(f"violates constraint {c.text!r}" for c in self.constraints if not c.holds(point))
+            out.extend(f"violates constraint {c.text!r} at {_values(c, point)}" for c in self.constraints
+                       if not c.holds(point))
         if not out and self.feasible is not None and tuple(point[n] for n in self.names) not in self.feasible:
             out.append("is not one of the space's feasible configurations")
         return out
@@ -265,6 +275,11 @@ class Space:
                 yield point
 
 
+def _values(constraint: Constraint, point: Point) -> str:
+    """The values ``constraint`` reads at ``point``, in the point's order (``BLOCK_N=64, BLOCK_M=32``)."""
+    return ", ".join(f"{name}={value!r}" for name, value in point.items() if name in constraint.names)
+
+
 def parse_value(text: str) -> Any:
     """Parse a command-line ``PARAM=VALUE`` value: int, float, true/false, else the string."""
     lowered = text.strip().lower()
@@ -276,6 +291,23 @@ def parse_value(text: str) -> Any:
         except ValueError:
             pass
     return text
+
+
+def is_value(value: Any) -> bool:
+    """Whether ``value`` can be a parameter's value: a boolean, a string, an integer or a finite
+    float (what renders into a module's source and compares equal to itself). Not a TOML date,
+    array or table, and not ``nan`` or ``inf``."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return isinstance(value, (bool, int, str))
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, float):
+        return "not a finite number"
+    if isinstance(value, (datetime.date, datetime.time)):
+        return "a date or time"
+    return {list: "an array", tuple: "an array", dict: "a table"}.get(type(value), f"a {type(value).__name__}")
 
 
 def is_one_of(value: Any, allowed: Sequence[Any]) -> bool:

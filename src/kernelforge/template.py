@@ -56,7 +56,7 @@ from jinja2 import meta
 from kernelforge.baselines import DEFAULT_SOURCE, BaselinePoint, BaselineRule, parse_rules, resolve
 from kernelforge.errors import TemplateError, UserError
 from kernelforge.limits import MAX_SOURCE_CHARS
-from kernelforge.render import BodyRefused, parse_body, render_body
+from kernelforge.render import BodyRefused, parse_body, render_body, unreadable
 from kernelforge.shared_kernels import SHARED, collisions, shared_values
 from kernelforge.space import Space
 
@@ -191,6 +191,10 @@ class Template:
             if taken:
                 raise TemplateError(f"{where} {table}: {', '.join(taken)} is the name of kernel text kernelforge "
                                     "shares with templates (kernelforge.shared_kernels); rename it")
+            for name in names:
+                if why := unreadable(name):
+                    raise TemplateError(f"{where} {table}: {name} is {why}, so the body cannot read a variable of "
+                                        "that name; rename it")
         used = meta.find_undeclared_variables(parsed) - set(SHARED)
         declared = set(space.names) | set(ties)
         if used != declared:

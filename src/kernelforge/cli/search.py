@@ -195,12 +195,16 @@ def strategy_bench(path: str, strategies: str | None, seeds: int, first_seed: in
     files = cache_files(path)
     read = files + ([Path(warm_from)] if warm_from is not None else [])
     check_outputs({"--json": json_path, "--markdown": markdown_path}, read, Path(path) if Path(path).is_dir() else None)
-    spaces = [load_kernel_tuner_cache(file) for file in files]
+    loaded = {file: load_kernel_tuner_cache(file) for file in read}
+    for file, space in loaded.items():
+        for note in space.notes():
+            click.echo(f"note: {file} {note}", err=True)
+    spaces = [loaded[file] for file in files]
     warm = None
     if warm_from is not None:
         from kernelforge.strategies.transfer import other_recordings
 
-        warm = load_kernel_tuner_cache(warm_from)
+        warm = loaded[Path(warm_from)]
         spaces = other_recordings(warm, spaces, warm_from)
     spaces = sliced(spaces, [parse_fix(text) for text in fixes])  # after the warm filter: never a slice of SPACE
     names = default_strategies() if strategies is None else [n.strip() for n in strategies.split(",")]

@@ -45,6 +45,22 @@ def figures(results):
     return out
 
 
+def test_a_file_cut_off_or_with_one_time_is_replayed_and_said_to_be(folder):
+    text = (folder / "alpha.json").read_text()
+    (folder / "alpha.json").write_text(text[: text.index('"3,1.0"')])  # an interrupted run's file
+    result = CliRunner().invoke(main, ["strategy-bench", str(folder), "--strategy", "grid", "--seeds", "1",
+                                       "--budget", "10", "--jobs", "1"])
+    assert result.exit_code == 0, result.output
+    assert f"note: {folder / 'alpha.json'} ends early" in result.output and "its 5 complete records" in result.output
+    assert "beta.json.gz ends early" not in result.output
+    assert "== alpha on Test GPU: 5 feasible" in result.output
+    write_cache(folder / "beta.json.gz", {"1,0.5": {"time": 1e20}, "2,1.0": {"time": 1e20}})
+    result = CliRunner().invoke(main, ["strategy-bench", str(folder / "beta.json.gz"), "--strategy", "grid",
+                                       "--seeds", "1", "--budget", "10", "--jobs", "1"])
+    assert result.exit_code == 0, result.output
+    assert "beta.json.gz every recorded time is 1e+20 ms: the first evaluation is always the optimum" in result.output
+
+
 def test_folder_lists_every_cache_file(folder):
     assert [p.name for p in cache_files(folder)] == ["alpha.json", "beta.json.gz"]
     assert cache_files(folder / "alpha.json") == [folder / "alpha.json"]

@@ -191,7 +191,7 @@ def test_the_bench_runs_cold_then_warm_and_reads_the_transfer_goals_from_the_sam
            f"cold's ({shown[0]} against {shown[1]})" in result.output
     assert "k_a (warm from k_b) auto: @10" in result.output
     tables = markdown_tables((tmp_path / "b.md").read_text())
-    assert [row[0] for row in tables[0][2:]] == ["k_a (GPU A)", "k_a (GPU A), warm from k_b"]
+    assert [row[0] for row in tables[0][2:]] == ["k_a (GPU A)", "k_a (GPU A; warm from k_b)"]
     assert tables[-1][0] == ["space", "strategy", "goal", "value", "cold", "verdict"]
     assert [row[3:5] for row in tables[-1][2:]] == [shown, shown]
 

@@ -87,9 +87,11 @@ def test_truncated_file_is_repaired(tmp_path, pnpoly):
     assert not cut.rstrip().endswith(b"}")
     (tmp_path / "cut.json").write_bytes(cut)
     (tmp_path / "cut.json.gz").write_bytes(gzip.compress(cut))
-    for name in ("cut.json", "cut.json.gz"):
+    (tmp_path / "cutgz.json.gz").write_bytes(PNPOLY.read_bytes()[: PNPOLY.stat().st_size * 2 // 3])  # gzip cut
+    assert not pnpoly.cut_off
+    for name in ("cut.json", "cut.json.gz", "cutgz.json.gz"):
         space = load_kernel_tuner_cache(tmp_path / name)
-        assert 2000 < len(space.records) < 4092
+        assert 2000 < len(space.records) < 4092 and space.cut_off
         # Every kept record is complete and agrees with the full file.
         assert all(pnpoly.records[k] == v for k, v in space.records.items())
         keys = list(pnpoly.records)
@@ -100,6 +102,7 @@ def test_truncated_right_after_a_record(tmp_path):
     path = tmp_path / "t.json"
     _write_cache(path, {"1,0.5": {"time": 2.0}, "2,0.5": {"time": 3.0}}, close=False)
     assert load_kernel_tuner_cache(path).records == {(1, 0.5): 2.0, (2, 0.5): 3.0}
+    assert load_kernel_tuner_cache(path).cut_off
     path.write_text(path.read_text() + ",\n")
     assert len(load_kernel_tuner_cache(path).records) == 2
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from kernelforge.strategies.bench.run import (FLOOR, REFERENCE, THRESHOLDS, BenchRow, SpaceBench, evaluations_text,
-                                          median_is_bound)
+                                          median_is_bound, space_label)
 
 __all__ = ["EARLY", "FRACTION", "HALF", "QUICK", "Goal", "Verdict", "bench_goals", "goals", "tally",
            "tally_text", "transfer_goals", "transfer_pairs"]
@@ -83,7 +83,7 @@ class Goal:
     @property
     def where(self) -> str:
         """The space, and the warm start its figures come from."""
-        return f"{self.space} (warm from {self.warm_from})" if self.warm_from else self.space
+        return space_label(self.space, self.warm_from)
 
 
 def goals(result: SpaceBench) -> tuple[Goal, ...]:

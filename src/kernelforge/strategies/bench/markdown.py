@@ -29,7 +29,7 @@ from typing import Sequence
 from kernelforge.strategies.bench.compare import Relative, relative
 from kernelforge.strategies.bench.goals import Goal, bench_goals, tally_text
 from kernelforge.strategies.bench.run import (FLOOR, LEVEL, REFERENCE, THRESHOLDS, BenchRow, SpaceBench,
-                                          evaluations_text)
+                                          evaluations_text, space_label)
 
 __all__ = ["format_markdown"]
 
@@ -51,9 +51,7 @@ def format_markdown(results: Sequence[SpaceBench]) -> str:
 
 
 def _label(result: SpaceBench) -> str:
-    """The space and its device, and the warm start's source (a bench may hold both starts)."""
-    label = f"{result.name} ({result.device})" if result.device else result.name
-    return f"{label}, warm from {result.warm_from}" if result.warm_from else label
+    return space_label(result.name, result.warm_from, result.device)
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:

@@ -54,6 +54,9 @@ class RecordedSpace:
     objective: str
     space: Space
     records: Mapping[Key, float | str]
+    #: Whether the file ended before its closing braces (an interrupted run): ``records`` holds
+    #: its complete records, and whoever replays it says so.
+    cut_off: bool = False
 
     def key(self, point: Mapping[str, Any]) -> Key:
         """The record key of ``point`` (its values in parameter order)."""
@@ -72,6 +75,19 @@ class RecordedSpace:
         """Every point with a recorded time, in record order."""
         names = self.space.names
         return [dict(zip(names, key)) for key, value in self.records.items() if isinstance(value, float)]
+
+    def notes(self) -> list[str]:
+        """What a replay of this recording should say of it: a file that ended early, a recording
+        whose every time is the same (any first evaluation is its optimum: it ranks no strategy)."""
+        out = []
+        if self.cut_off:
+            out.append(f"ends early (an interrupted Kernel Tuner run?): its {len(self.records)} complete records are "
+                       "replayed, the cut one is dropped")
+        times = {value for value in self.records.values() if isinstance(value, float)}
+        if len(times) == 1 and len(self.valid_points()) > 1:
+            out.append(f"every recorded time is {times.pop():g} ms: the first evaluation is always the optimum, "
+                       "so this recording ranks no strategy")
+        return out
 
     def optimum(self) -> tuple[dict[str, Any], float]:
         """The fastest recorded point and its time (ms)."""
@@ -115,20 +131,26 @@ def load_kernel_tuner_cache(path: str | Path) -> RecordedSpace:
         raw = path.read_bytes()
     except OSError as exc:
         raise UserError(f"{path}: cannot read it ({exc.strerror or exc}); {_EXPECTED}") from None
+    cut_off = False
     if raw[:2] == b"\x1f\x8b":  # gzip magic, whatever the suffix says
         try:
             raw = gzip.decompress(raw)
         except (OSError, EOFError) as exc:
             # A truncated .gz from an interrupted run: keep what decompresses.
-            raw = _partial_gunzip(raw)
+            raw, cut_off = _partial_gunzip(raw), True
             if not raw:
                 raise UserError(f"{path}: not a readable gzip file ({exc}); {_EXPECTED}") from None
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8", errors="ignore" if cut_off else "strict")  # a cut may split a character
     except UnicodeDecodeError:
         raise UserError(f"{path}: not a text (UTF-8 JSON) file; {_EXPECTED}") from None
-    data = _parse(text, path)
-    return _build(data, path)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        data, cut_off = _repair(text, path), True
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: the JSON is not an object; {_EXPECTED}")
+    return replace(_build(data, path), cut_off=cut_off)
 
 
 def _partial_gunzip(raw: bytes) -> bytes:
@@ -139,16 +161,6 @@ def _partial_gunzip(raw: bytes) -> bytes:
         return decompressor.decompress(raw)
     except zlib.error:
         return b""
-
-
-def _parse(text: str, path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
-        data = _repair(text, path)
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: the JSON is not an object; {_EXPECTED}")
-    return data
 
 
 def _repair(text: str, path: Path) -> dict[str, Any]:

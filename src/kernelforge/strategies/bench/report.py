@@ -46,7 +46,7 @@ from kernelforge.strategies.bench.compare import Relative, relative
 from kernelforge.strategies.bench.goals import Goal, bench_goals, tally_text
 from kernelforge.strategies.bench.outputs import write_output
 from kernelforge.strategies.bench.run import (FLOOR, LEVEL, REFERENCE, THRESHOLDS, BenchRow, BenchRun, SpaceBench,
-                                          evaluations_text, percentile)
+                                          evaluations_text, percentile, space_label)
 
 JSON_VERSION = 1
 
@@ -126,11 +126,6 @@ def format_space(result: SpaceBench) -> str:
     return head + "\n" + format_table(result.rows)
 
 
-def _called(result: SpaceBench) -> str:
-    """The space's name in a summary line, with the warm start's source (a bench may hold both)."""
-    return f"{result.name} (warm from {result.warm_from})" if result.warm_from else result.name
-
-
 def _relative_text(rel: Relative) -> str:
     fraction = "n/a" if rel.bound == "?" else f"{rel.bound}{rel.fraction:.2f}x"
     interval = f"{LEVEL:.0%} {rel.low:.2f}-{rel.high:.2f}; " if not rel.bound else ""
@@ -152,8 +147,9 @@ def format_summary(results: Sequence[SpaceBench]) -> str:
     for result in results:
         relatives = relative(result)
         if relatives:
-            lines.append(f"{_called(result)}: " + "; ".join(_relative_text(r) for r in relatives))
-            at_lines.append(f"{_called(result)}: " + "; ".join(_checkpoints_text(r) for r in relatives))
+            called = space_label(result.name, result.warm_from)
+            lines.append(f"{called}: " + "; ".join(_relative_text(r) for r in relatives))
+            at_lines.append(f"{called}: " + "; ".join(_checkpoints_text(r) for r in relatives))
     tail = "\n\n".join(part for part in (format_anytime(results), format_goals(results)) if part)
     if not lines:
         return tail
@@ -192,8 +188,8 @@ def format_anytime(results: Sequence[SpaceBench]) -> str:
         for row in result.rows:
             marks = " ".join(f"@{c} {_ratio_text(r)}{_bracket(row.median_best_ratio_interval_at.get(c))}"
                              for c, r in row.median_best_ratio_at.items())
-            lines.append(f"{_called(result)} {row.strategy}: {marks}; area {row.area:.3f} "
-                         f"({LEVEL:.0%} {_interval_text(row.area_interval)})")
+            lines.append(f"{space_label(result.name, result.warm_from)} {row.strategy}: {marks}; "
+                         f"area {row.area:.3f} ({LEVEL:.0%} {_interval_text(row.area_interval)})")
     if not lines:
         return ""
     return (f"anytime: median best/optimum after n evaluations (@n) with its {LEVEL:.0%} interval, and the "

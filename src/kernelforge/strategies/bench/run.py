@@ -140,6 +140,13 @@ class SpaceBench:
     warm_points: int = 0
 
 
+def space_label(name: str, warm_from: str | None = None, device: str | None = None) -> str:
+    """A space as every table and summary line of the bench names it: ``conv``, ``conv (GPU A)``,
+    ``conv (warm from other)``, ``conv (GPU A; warm from other)`` (a bench may hold both starts)."""
+    notes = [note for note in (device, f"warm from {warm_from}" if warm_from else None) if note]
+    return f"{name} ({'; '.join(notes)})" if notes else name
+
+
 def run_one(space: RecordedSpace, strategy: str, seed: int, budget: int, *, stop: bool = False,
             first: Sequence[Mapping[str, object]] = (), transfer: Mapping | None = None) -> BenchRun:
     """Run one strategy with one seed for up to ``budget`` evaluations on the recorded space (with
