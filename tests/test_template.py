@@ -409,7 +409,52 @@ def test_a_block_folder_needs_one_baseline_and_template_names_that_are_identifie
     (folder / "second.py.j2").unlink()
     (folder / "my-variant.py.j2").write_text(baseline.replace('role = "baseline"', 'role = "variant"'))
     with pytest.raises(UserError, match=r"my-variant.py.j2: a template's name must be a Python identifier"):
-        Catalog.discover(tmp_path).template("toy/axpy/baseline")
+        Catalog.discover(tmp_path).templates("toy/axpy")
+
+
+def test_a_broken_template_stops_only_what_uses_it(tmp_path):
+    import shutil
+
+    from click.testing import CliRunner
+
+    from kernelforge.cli.main import main
+    from kernelforge.job import load_job
+    from kernelforge.search.plan import plan_studies
+    from toy_job import job_text
+
+    shutil.copytree(FIXTURES / "toy", tmp_path / "toy")
+    folder = tmp_path / "toy" / "axpy"
+    variant = (folder / "baseline.py.j2").read_text().replace('role = "baseline"', 'role = "variant"')
+    (folder / "good.py.j2").write_text(variant)
+    (folder / "mid_edit.py.j2").write_text(variant.replace("[space]", "[space]\nwhen = [2026-12-07]"))
+    catalog = Catalog.discover(tmp_path)
+    error = "mid_edit.py.j2 \\[space\\]: parameter when: 2026-12-07 is a date or time"
+    # What uses the broken file stops on its error; what does not, works.
+    for use in (lambda: catalog.templates("toy/axpy"), lambda: catalog.template("toy/axpy/mid_edit"),
+                lambda: catalog.templates("toy/axpy", ["good", "mid_edit"])):
+        with pytest.raises(UserError, match=error):
+            use()
+    assert catalog.baseline("toy/axpy").id == "toy/axpy/baseline"
+    assert [t.id for t in catalog.templates("toy/axpy", ["good"])] == ["toy/axpy/baseline", "toy/axpy/good"]
+    assert catalog.template("toy/axpy/good").render_baseline() == catalog.baseline("toy/axpy").render_baseline()
+    assert catalog.listing("toy/axpy").names == ["baseline", "good", "mid_edit"]
+    # A job that names the good variant searches it; one that searches every template says what is broken.
+    (tmp_path / "named.toml").write_text(job_text("named") + 'templates = ["good"]\n')
+    planned = plan_studies(load_job(tmp_path / "named.toml", catalog), catalog)
+    assert planned and {study.template_id for study in planned} == {"toy/axpy/good"}
+    (tmp_path / "every.toml").write_text(job_text("every"))
+    with pytest.raises(UserError, match=error):
+        load_job(tmp_path / "every.toml", catalog)
+    # The listing shows what loads and what does not, and exits 1.
+    result = CliRunner().invoke(main, ["--kernels", str(tmp_path), "templates", "toy/axpy"])
+    assert result.exit_code == 1 and "toy/axpy/good" in result.output and "Traceback" not in result.output
+    assert "not loaded: every command that uses these templates stops on them" in result.output
+    assert "mid_edit.py.j2 [space]: parameter when" in result.output
+    # With no baseline that loads, the error names the broken files (the baseline may be one of them).
+    (folder / "baseline.py.j2").write_text("{#- [template\n-#}\n")
+    with pytest.raises(UserError, match="toy/axpy has no baseline template that loads, and the baseline may be a "
+                                        "broken one: .*baseline.py.j2: header is not valid TOML"):
+        Catalog.discover(tmp_path).template("toy/axpy/good")
 
 
 @pytest.mark.parametrize("edit", [

@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Collection, Mapping
 
 from kernelforge.block import Block
 from kernelforge.errors import UserError
@@ -83,28 +84,41 @@ class Catalog:
                 f"`kernelforge blocks` lists them"
             ) from None
 
-    def templates(self, block_id: str) -> list[Template]:
-        """The templates in a block's folder, baseline first. Raises UserError naming the files
-        when a file's name is not a template name (a Python identifier, as ``kernelforge new``
-        asks) or the folder has no baseline template, or more than one."""
+    def listing(self, block_id: str) -> "BlockTemplates":
+        """Every template file of a block's folder: those that load, baseline first (then by id),
+        and each that does not with its error (a name that is not a Python identifier, as
+        ``kernelforge new`` asks, or any error of the file). Raises nothing for a broken file:
+        :meth:`templates` decides what a broken file stops."""
         self.block(block_id)
-        folder = self.root / block_id
-        paths = sorted(folder.glob(f"*{TEMPLATE_SUFFIX}"))
-        for path in paths:
-            if not path.name[: -len(TEMPLATE_SUFFIX)].isidentifier():
-                raise UserError(f"{path}: a template's name must be a Python identifier (letters, digits, _), as "
-                                f"its id {block_id}/NAME is; rename the file")
-        templates = [Template.from_file(p, block_id) for p in paths]
-        baselines = [t.path.name for t in templates if t.role == "baseline" and t.path is not None]
-        if len(baselines) != 1:
-            fix = ('set role = "variant" in all but the one experts ship' if baselines else
-                   'set role = "baseline" in the template experts ship')
-            found = f"{len(baselines)} ({', '.join(baselines)})" if baselines else "0"
-            raise UserError(f"block {block_id} must have exactly one template with role = \"baseline\", found "
-                            f"{found} in {folder}; {fix}")
-        return sorted(templates, key=lambda t: (t.role != "baseline", t.id))
+        loaded, broken = [], {}
+        for path in sorted((self.root / block_id).glob(f"*{TEMPLATE_SUFFIX}")):
+            try:
+                if not path.name[: -len(TEMPLATE_SUFFIX)].isidentifier():
+                    raise UserError(f"{path}: a template's name must be a Python identifier (letters, digits, _), "
+                                    f"as its id {block_id}/NAME is; rename the file")
+                loaded.append(Template.from_file(path, block_id))
+            except UserError as exc:
+                broken[path] = exc
+        ordered = tuple(sorted(loaded, key=lambda t: (t.role != "baseline", t.id)))
+        return BlockTemplates(block_id, self.root / block_id, ordered, broken)
+
+    def templates(self, block_id: str, names: Collection[str] | None = None) -> list[Template]:
+        """The templates of a block, baseline first (then by id); with ``names`` (NAME of
+        BLOCK/NAME), only those. Each one asked for must load (a broken file raises its own error)
+        and the folder must have exactly one baseline that loads (role = "baseline"; else a
+        UserError naming the files); a broken file not asked for stops nothing, so a variant being
+        edited does not stop a command on the others."""
+        listing = self.listing(block_id)
+        for path, error in listing.broken.items():
+            if names is None or path.name[: -len(TEMPLATE_SUFFIX)] in names:
+                raise error
+        problem = listing.baseline_problem()
+        if problem:
+            raise UserError(problem)
+        return [t for t in listing.loaded if names is None or t.role == "baseline" or t.name in names]
 
     def all_templates(self) -> list[Template]:
+        """Every block's :meth:`templates` (each must load)."""
         return [t for block_id in self.blocks for t in self.templates(block_id)]
 
     def template(self, template_id: str) -> Template:
@@ -114,26 +128,59 @@ class Catalog:
                 f"unknown template {template_id!r}: templates are named BLOCK/NAME, "
                 f"e.g. {next(iter(self.blocks), 'attention/x')}/baseline; `kernelforge templates` lists them"
             )
-        templates = {t.id: t for t in self.templates(block_id)}
+        name = template_id.rpartition("/")[2]
+        templates = {t.id: t for t in self.templates(block_id, [name])}
         if template_id not in templates:
+            known = [f"{block_id}/{n}" for n in self.listing(block_id).names]
             raise UserError(
-                f"unknown template {template_id!r}{_suggest(template_id, list(templates))}; "
-                f"{block_id} has {', '.join(templates) or 'no templates'}"
+                f"unknown template {template_id!r}{_suggest(template_id, known)}; "
+                f"{block_id} has {', '.join(known) or 'no templates'}"
             )
         return templates[template_id]
 
     def baseline(self, block_id: str) -> Template:
         """The block's human-baseline template (role = "baseline")."""
-        return self.templates(block_id)[0]  # exactly one, first (templates() checks)
+        return self.templates(block_id, ())[0]  # exactly one, first (templates() checks)
 
     def resolve(self, name: str) -> Template:
         """A block id (meaning its baseline template) or a template id."""
         if name in self.blocks:
             return self.baseline(name)
         if name.rpartition("/")[0] not in self.blocks:
-            known = list(self.blocks) + [t.id for t in self.all_templates()]
+            known = list(self.blocks) + [f"{b}/{n}" for b in self.blocks for n in self.listing(b).names]
             raise UserError(
                 f"unknown block or template {name!r}{_suggest(name, known)}; "
                 "`kernelforge blocks` and `kernelforge templates` list them"
             )
         return self.template(name)
+
+
+@dataclass(frozen=True)
+class BlockTemplates:
+    """The template files of one block folder (:meth:`Catalog.listing`): ``loaded``, baseline
+    first, and ``broken``, each file that does not load with its error."""
+
+    block_id: str
+    folder: Path
+    loaded: tuple[Template, ...]
+    broken: Mapping[Path, UserError]
+
+    @property
+    def names(self) -> list[str]:
+        """Every template's NAME (of BLOCK/NAME), loaded or not, sorted."""
+        return sorted([t.name for t in self.loaded] + [p.name[: -len(TEMPLATE_SUFFIX)] for p in self.broken])
+
+    def baseline_problem(self) -> str | None:
+        """Why the folder has no one baseline (role = "baseline") among the templates that load,
+        naming the files and the fix; None when it has."""
+        baselines = [t.path.name for t in self.loaded if t.role == "baseline" and t.path is not None]
+        if len(baselines) == 1:
+            return None
+        if not baselines and self.broken:
+            return (f"block {self.block_id} has no baseline template that loads, and the baseline may be a broken "
+                    "one: " + "; ".join(str(error) for error in self.broken.values()))
+        fix = ('set role = "variant" in all but the one experts ship' if baselines else
+               'set role = "baseline" in the template experts ship')
+        found = f"{len(baselines)} ({', '.join(baselines)})" if baselines else "0"
+        return (f"block {self.block_id} must have exactly one template with role = \"baseline\", found {found} in "
+                f"{self.folder}; {fix}")

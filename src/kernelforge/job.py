@@ -296,10 +296,11 @@ def _check_block(where: str, catalog, block_id: str, shapes: str, templates: lis
         block.shapes(shapes)
     except UserError as exc:
         raise UserError(f"{where}: {exc}") from None
-    known = {t.id.rpartition("/")[2] for t in catalog.templates(block_id)}
+    known = catalog.listing(block_id).names
     for name in templates:
         if name not in known:
-            raise UserError(f"{where} templates: {block_id} has no template {name!r}; it has {', '.join(sorted(known))}")
+            raise UserError(f"{where} templates: {block_id} has no template {name!r}; it has {', '.join(known)}")
+    catalog.templates(block_id, templates or None)  # what the job searches loads (a broken file says why)
 
 
 #: Where job files live, relative to the working directory (as reports/ is).

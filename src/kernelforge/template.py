@@ -221,6 +221,11 @@ class Template:
             body_of=info.get("body"),
         )
 
+    @property
+    def name(self) -> str:
+        """The template's NAME in its id BLOCK/NAME (its file's name without ``.py.j2``)."""
+        return self.id.rpartition("/")[2]
+
     def as_proposed(self) -> "Template":
         """This template as a proposer's (the LLM's) template: a ``variant`` of origin ``llm``
         whatever its header says, with no per-shape baselines (``[[baselines]]``,

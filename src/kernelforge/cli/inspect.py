@@ -41,7 +41,8 @@ def templates(ctx: click.Context, block_id: str | None) -> None:
     table = Table(title="templates")
     for column in ("template", "role", "origin", "points", "valid", "baseline point"):
         table.add_column(column)
-    chosen = catalog.templates(block_id) if block_id else catalog.all_templates()
+    listings = [catalog.listing(b) for b in ([block_id] if block_id else catalog.blocks)]
+    chosen = [template for listing in listings for template in listing.loaded]
     for template in chosen:
         point = " ".join(f"{k}={v}" for k, v in template.baseline.items())
         valid, exact = template.space.valid_count()
@@ -51,6 +52,14 @@ def templates(ctx: click.Context, block_id: str | None) -> None:
     for template in chosen:
         console.print()
         console.print("\n".join(space_lines(template)), markup=False)
+    problems = [str(error) for listing in listings for error in listing.broken.values()]
+    problems += [problem for listing in listings if (problem := listing.baseline_problem())
+                 and not listing.broken]  # with broken files, theirs are the errors to fix first
+    if problems:
+        console.print()
+        console.print("not loaded: every command that uses these templates stops on them until they are fixed\n"
+                      + "\n".join(f"  {problem}" for problem in problems), markup=False)
+        ctx.exit(1)
 
 
 def space_lines(template) -> list[str]:

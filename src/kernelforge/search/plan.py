@@ -97,8 +97,8 @@ def plan_studies(job: Job, catalog: Catalog) -> list[PlannedStudy]:
     reserve = llm_reserve(job)
     planned = []
     for spec in job.blocks:
-        templates = [t for t in catalog.templates(spec.id)
-                     if not spec.templates or t.id.rpartition("/")[2] in spec.templates]
+        templates = [t for t in catalog.templates(spec.id, spec.templates or None)
+                     if not spec.templates or t.name in spec.templates]
         for group in shape_groups(job, catalog, spec.id):
             for template, share in zip(templates, shares(job.strategy.evaluations - reserve, len(templates))):
                 planned.append(PlannedStudy(
