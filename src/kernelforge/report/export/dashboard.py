@@ -251,8 +251,9 @@ def _params(optuna: Any, point: dict[str, Any], space: Space | None) -> tuple[di
 
 
 def _spaces(catalog: Catalog, store: Store, block_id: str) -> dict[str, Space]:
-    """template id -> declared space: the block's templates, and the stored LLM-written ones."""
-    spaces = {t.id: t.space for t in catalog.templates(block_id)}
+    """template id -> declared space: the block's templates that load (a file being edited does not
+    stop the mirror: its trials carry their points only), and the stored LLM-written ones."""
+    spaces = {t.id: t.space for t in catalog.listing(block_id).loaded}
     for stored in store.templates(block=block_id):
         if stored.id in spaces:
             continue
