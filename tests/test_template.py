@@ -437,6 +437,7 @@ def test_a_broken_template_stops_only_what_uses_it(tmp_path):
     assert catalog.baseline("toy/axpy").id == "toy/axpy/baseline"
     assert [t.id for t in catalog.templates("toy/axpy", ["good"])] == ["toy/axpy/baseline", "toy/axpy/good"]
     assert catalog.template("toy/axpy/good").render_baseline() == catalog.baseline("toy/axpy").render_baseline()
+    (folder / ".#good.py.j2").symlink_to("user@host.1234:1")  # an editor's lock file is no template
     assert catalog.listing("toy/axpy").names == ["baseline", "good", "mid_edit"]
     # A job that names the good variant searches it; one that searches every template says what is broken.
     (tmp_path / "named.toml").write_text(job_text("named") + 'templates = ["good"]\n')
@@ -448,6 +449,8 @@ def test_a_broken_template_stops_only_what_uses_it(tmp_path):
     # The listing shows what loads and what does not, and exits 1.
     result = CliRunner().invoke(main, ["--kernels", str(tmp_path), "templates", "toy/axpy"])
     assert result.exit_code == 1 and "toy/axpy/good" in result.output and "Traceback" not in result.output
+    wrong = CliRunner().invoke(main, ["--kernels", str(tmp_path), "render", "toy/axpi/good"])
+    assert f"`kernelforge --kernels {tmp_path} templates` list" in " ".join(wrong.output.split())  # one that works
     assert "not loaded: every command that uses these templates stops on them" in result.output
     assert "mid_edit.py.j2 [space]: parameter when" in result.output
     # With no baseline that loads, the error names the broken files (the baseline may be one of them).

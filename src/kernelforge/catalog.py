@@ -66,6 +66,13 @@ class Catalog:
                             "KERNELFORGE_KERNELS)")
         return cls(root)
 
+    def command(self, words: str) -> str:
+        """The ``kernelforge`` command line of ``words`` on this kernels folder, for a message to
+        suggest: with ``--kernels ROOT`` when the folder is not the one a plain command finds."""
+        if self.root.resolve() == default_kernels_root().resolve():
+            return f"kernelforge {words}"
+        return f"kernelforge --kernels {self.root} {words}"
+
     @cached_property
     def blocks(self) -> dict[str, Block]:
         """Block id -> block, for every ``<family>/<name>/block.py`` under the root."""
@@ -81,17 +88,19 @@ class Catalog:
         except KeyError:
             raise UserError(
                 f"unknown block {block_id!r}{_suggest(block_id, list(self.blocks))}; "
-                f"`kernelforge blocks` lists them"
+                f"`{self.command('blocks')}` lists them"
             ) from None
 
     def listing(self, block_id: str) -> "BlockTemplates":
-        """Every template file of a block's folder: those that load, baseline first (then by id),
-        and each that does not with its error (a name that is not a Python identifier, as
+        """Every template file of a block's folder (but hidden ones, such as an editor's lock file):
+        those that load, baseline first (then by id), and each that does not with its error (a name that is not a Python identifier, as
         ``kernelforge new`` asks, or any error of the file). Raises nothing for a broken file:
         :meth:`templates` decides what a broken file stops."""
         self.block(block_id)
         loaded, broken = [], {}
         for path in sorted((self.root / block_id).glob(f"*{TEMPLATE_SUFFIX}")):
+            if path.name.startswith("."):
+                continue  # an editor's lock or swap file (.#v1.py.j2), never a template
             try:
                 if not path.name[: -len(TEMPLATE_SUFFIX)].isidentifier():
                     raise UserError(f"{path}: a template's name must be a Python identifier (letters, digits, _), "
@@ -126,7 +135,7 @@ class Catalog:
         if block_id not in self.blocks:
             raise UserError(
                 f"unknown template {template_id!r}: templates are named BLOCK/NAME, "
-                f"e.g. {next(iter(self.blocks), 'attention/x')}/baseline; `kernelforge templates` lists them"
+                f"e.g. {next(iter(self.blocks), 'attention/x')}/baseline; `{self.command('templates')}` lists them"
             )
         name = template_id.rpartition("/")[2]
         templates = {t.id: t for t in self.templates(block_id, [name])}
@@ -150,7 +159,7 @@ class Catalog:
             known = list(self.blocks) + [f"{b}/{n}" for b in self.blocks for n in self.listing(b).names]
             raise UserError(
                 f"unknown block or template {name!r}{_suggest(name, known)}; "
-                "`kernelforge blocks` and `kernelforge templates` list them"
+                f"`{self.command('blocks')}` and `{self.command('templates')}` list them"
             )
         return self.template(name)
 

@@ -116,7 +116,7 @@ def new(ctx: click.Context, name: str, header_only: bool = False) -> None:
     block_id, _, stem = name.rpartition("/")
     if name in catalog.blocks:
         raise UserError(f"new {name}: NAME is missing; give the new template's name after the block: "
-                        f"kernelforge new {name}/NAME")
+                        f"{catalog.command(f'new {name}/NAME')}")
     catalog.block(block_id)
     if not stem.isidentifier():
         raise UserError(f"template name {stem!r} must be a Python identifier (letters, digits, _), e.g. {block_id}/wide_tiles")
@@ -134,8 +134,8 @@ def new(ctx: click.Context, name: str, header_only: bool = False) -> None:
     what = f"a header over {holder}'s body" if header_only else f"a copy of {baseline.id}"
     console.print(f"created [bold]{path}[/] ({what}, role = variant)")
     edit = "its [space], [ties] or constraints" if header_only else "it"
-    console.print(f"next: edit {edit}, then `kernelforge check {block_id}/{stem} --device interpret --shapes smoke`",
-                  markup=False)
+    check = catalog.command(f"check {block_id}/{stem} --device interpret --shapes smoke")
+    console.print(f"next: edit {edit}, then `{check}`", markup=False)
 
 
 

@@ -140,7 +140,7 @@ class Pipeline:
                     raise UserError(
                         f"the human baseline of {block.id} on shape {failed[0].shape} ({source}) failed "
                         f"({failed[0].status.value}: {failed[0].message}); a search needs a working baseline: "
-                        f"fix it first (`kernelforge check {block.id}`)"
+                        f"fix it first (`{run.catalog.command(f'check {block.id}')}`)"
                     )
                 measured[block.id].update(results)
                 run.progress.event("baseline", block=block.id, candidate=candidate.id, source=source,
