@@ -78,8 +78,10 @@ def test_constraints_filter_points_and_baseline():
     "constraint, fragment",
     [
         ('["BLOCK_Q < 2"]', "unknown parameter"),
-        ('["__import__(\'os\')"]', r"unknown parameter\(s\) __import__"),
+        ('["__import__(\'os\')"]', "may only call min, max or abs"),
+        ('["__import__ < 2"]', r"unknown parameter\(s\) __import__"),
         ('["min(BLOCK)(1)"]', "may only call min, max or abs"),
+        ('["len(str(BLOCK)) < 9"]', "may only call min, max or abs"),
         ('["BLOCK.real > 0"]', "Attribute"),
         ('["BLOCK <"]', "not a valid expression"),
     ],

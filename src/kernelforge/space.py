@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import datetime
 import itertools
+import json
 import keyword
 import math
 import numbers
@@ -84,6 +85,7 @@ class Expression:
         if sum(1 for _ in ast.walk(self._tree)) > MAX_EXPRESSION_NODES:
             raise UserError(f"{where}: {what} {text!r} has over {MAX_EXPRESSION_NODES} syntax nodes "
                             "(MAX_EXPRESSION_NODES)")
+        self._check_nodes(where)  # first: a call of len() is a call refused, not an unknown parameter
         #: The names the expression reads (its functions excluded).
         self.names = frozenset(n.id for n in ast.walk(self._tree) if isinstance(n, ast.Name)) - set(self.functions)
         unknown = sorted(self.names - known) if known is not None else []
@@ -92,7 +94,6 @@ class Expression:
                 f"{where}: {what} {text!r} names unknown parameter(s) {', '.join(unknown)}; "
                 f"parameters are {', '.join(sorted(known or ()))}"
             )
-        self._check_nodes(where)
 
     def _check_nodes(self, where: str) -> None:
         allowed = (
@@ -300,6 +301,16 @@ def is_value(value: Any) -> bool:
     if isinstance(value, float):
         return math.isfinite(value)
     return isinstance(value, (bool, int, str))
+
+
+def toml_value(value: Any) -> str:
+    """A parameter value (:func:`is_value`) as a TOML literal, as a header spells it: ``true``,
+    ``64``, ``0.5``, ``"tl.float32"``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)  # a TOML basic string: JSON's escapes are TOML's
+    return repr(value)
 
 
 def _kind(value: Any) -> str:

@@ -46,3 +46,20 @@ def test_a_file_without_a_reference_is_one_line(tmp_path, monkeypatch):
     assert not (tmp_path / "reports").exists()
     result = CliRunner().invoke(main, ["tune", str(broken)], catch_exceptions=False)
     assert result.exit_code == 2 and "FILE.py::KERNEL" in result.output
+
+
+@pytest.mark.interpreter
+def test_a_fixed_reference_is_judged_afresh_and_the_old_verdicts_are_kept(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    wrong = tmp_path / "k.py"
+    wrong.write_text(FIXTURE.read_text().replace("return alpha * x.float() + y.float()",
+                                                 "return alpha * x.float() - y.float()"))
+    result = CliRunner().invoke(main, ["tune", f"{wrong}::scale_add", "--device", "interpret", "--evaluations", "1"])
+    assert result.exit_code == 2 and "the human baseline of tune/scale_add" in result.output
+    assert "`kernelforge --kernels reports/tune-scale_add/kernels check tune/scale_add`" in " ".join(result.output.split())
+    wrong.write_text(FIXTURE.read_text())  # the user fixes the reference; the kernel is the same
+    result = CliRunner().invoke(main, ["tune", f"{wrong}::scale_add", "--device", "interpret", "--evaluations", "1"])
+    assert result.exit_code == 0, result.output
+    assert "were judged by another reference, inputs, output or shapes" in " ".join(result.output.split())
+    kept = list((tmp_path / "reports" / "tune-scale_add").glob("kernelforge-judged-before-*.db"))
+    assert len(kept) == 1 and kept[0].stat().st_size > 0

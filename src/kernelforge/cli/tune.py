@@ -36,6 +36,10 @@ def tune(ctx: click.Context, target: str, device: str | None, dtype: str, evalua
 
         device = "cuda" if torch.cuda.is_available() else "interpret"
     folder = Path("reports") / f"tune-{kernel}"  # the job's own report folder (Job.report_dir)
-    job, kernels = prepare(target, folder, device, dtype, evaluations)
-    ctx.obj["kernels"] = str(kernels)
-    ctx.invoke(search, job_file=str(job))
+    prepared = prepare(target, folder, device, dtype, evaluations)
+    if prepared.kept_apart is not None:
+        click.echo(f"note: the stored results in {folder} were judged by another reference, inputs, output or "
+                   f"shapes than {target.rpartition('::')[0]}'s: they are kept in {prepared.kept_apart}, and every "
+                   "config is measured afresh", err=True)
+    ctx.obj["kernels"] = str(prepared.kernels)
+    ctx.invoke(search, job_file=str(prepared.job))

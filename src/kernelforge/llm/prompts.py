@@ -30,6 +30,7 @@ from kernelforge.block import Block, Shape
 from kernelforge.environment import Timings, timings_of
 from kernelforge.llm.target import TargetGPU
 from kernelforge.result import format_seconds
+from kernelforge.space import toml_value
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("kernelforge.llm", "templates"),
@@ -298,7 +299,7 @@ def new_prompt(*, block: Block, dtype_name: str, shapes: list[Shape], baseline: 
         block=block_facts(block, dtype_name), dtype=dtype_name,
         shapes=[dims(s) for s in shapes], shape_names=[s.name for s in shapes],
         baseline={"id": baseline.id, "text": baseline.text.rstrip(), "point": _point(baseline_point),
-                  "point_toml": ", ".join(f"{k} = {_toml(v)}" for k, v in baseline_point.items())},
+                  "point_toml": ", ".join(f"{k} = {toml_value(v)}" for k, v in baseline_point.items())},
         parent=parent, standings=standings_rows, resources=resource_lines[:12],
         failures=[{**f, "message": _short(f["message"]) + (f" (failing shape {f['shape']})" if f.get("shape") else "")}
                   for f in failures[-MAX_FAILURES:]],
@@ -350,14 +351,6 @@ def _cut(text: str, limit: int, what: str) -> str:
 
 def _point(params: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in params.items())
-
-
-def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return f'"{value}"'
-    return repr(value)
 
 
 def _short(text: str, limit: int = MAX_MESSAGE) -> str:
