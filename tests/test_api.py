@@ -108,6 +108,28 @@ def test_open_job_overrides_and_their_errors():
         api.open_job(job, storage="")
     with pytest.raises(UserError, match="no such job file or job name"):
         api.open_job("no-such-job")
+    with pytest.raises(UserError, match=r"open_job\(blocks=123\): give a block id or a list of them"):
+        api.open_job(job, blocks=123)
+
+
+def test_the_api_takes_a_job_by_name_and_refuses_bad_arguments_before_writing(tmp_path, monkeypatch):
+    db = tmp_path / "never.db"
+    job = api.open_job("search/demo.toml", storage=f"sqlite:///{db}")
+    with pytest.raises(UserError, match=r"run\(progress='jsonl'\): give a kernelforge.search.progress.Progress"):
+        api.run(job, progress="jsonl")
+    with pytest.raises(UserError, match="unknown device 'nonsense'; choose cuda, cuda:N or interpret"):
+        api.run(job, device="nonsense")
+    with pytest.raises(UserError, match="device 'cuda:x': cuda:N takes a GPU index"):
+        api.run(job, device="cuda:x")
+    if not torch.cuda.is_available():
+        with pytest.raises(UserError, match="device 'cuda': no CUDA GPU is visible to torch; on a CPU use the "
+                                            "interpret device"):
+            api.run(job, device="cuda")
+    assert not db.exists()  # refused before the store was created
+    with pytest.raises(UserError, match="job=3: give a Job from kernelforge.api.open_job, a job file or a job's"):
+        api.results(3)
+    with pytest.raises(UserError, match="no such job file or job name"):
+        api.load_winner("no-such-job", "attention/gpt_oss_decode")
 
 
 def test_load_winner_of_a_job_with_nothing_stored(tmp_path):
@@ -143,8 +165,19 @@ def test_the_winners_metadata_is_the_stored_winners(tmp_path, catalog):
     assert winner.source == Store(job.storage_url, create=False).candidate(winner.candidate_id).source
     assert winner.candidate_id in repr(winner) and f"{winner.speedup:.3g}x" in repr(winner)
     if not torch.cuda.is_available():  # the job's own device is cuda
-        with pytest.raises(UserError, match="no CUDA GPU is visible here; pass device='interpret'"):
+        with pytest.raises(UserError, match="no CUDA GPU is visible to torch; on a CPU use the interpret device"):
             api.load_winner(job, block.id, shape.name, catalog=catalog)
+    # Inputs that are not this shape's are refused before the kernel runs (it was compiled for them).
+    inputs = winner.make_inputs(seed=1)
+    with pytest.raises(UserError, match=r"input k_cache is a tensor of shape \(1, 100, 8, 64\) in torch.bfloat16, but "
+                                        r"this shape's is a tensor of shape \(1, 8800, 8, 64\)"):
+        winner(**{**inputs, "k_cache": torch.zeros(1, 100, 8, 64, dtype=torch.bfloat16)})
+    with pytest.raises(UserError, match="missing sinks; unknown x"):
+        winner(**{k: v for k, v in inputs.items() if k != "sinks"}, x=1)
+    with pytest.raises(UserError, match="input q is of type int"):
+        winner(**{**inputs, "q": 1})
+    with pytest.raises(UserError, match="make_inputs\\(distribution='nope'\\): choose one of normal"):
+        winner.make_inputs(distribution="nope")
 
 
 def test_a_winner_that_failed_verification_is_refused(tmp_path, catalog):

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import torch
 
-from kernelforge.block import DTYPES, OUT, Block, Shape
+from kernelforge.block import DISTRIBUTIONS, DTYPES, OUT, Block, Shape
 from kernelforge.candidate import load_module
 from kernelforge.catalog import Catalog, default_kernels_root
 from kernelforge.errors import UserError
@@ -64,6 +64,9 @@ def open_job(job: str | Path | Job, *, storage: str | None = None, evaluations: 
             raise UserError(f"open_job(evaluations={evaluations!r}): the budget per block is a positive integer")
         job = replace(job, strategy=replace(job.strategy, evaluations=evaluations))
     if blocks is not None:
+        if not isinstance(blocks, (str, list, tuple)) or not all(isinstance(b, str) for b in blocks):
+            raise UserError(f"open_job(blocks={blocks!r}): give a block id or a list of them, e.g. "
+                            "blocks=['attention/gpt_oss_decode']")
         wanted = [blocks] if isinstance(blocks, str) else list(blocks)
         known = [spec.id for spec in job.blocks]
         unknown = [b for b in wanted if b not in known]
@@ -74,7 +77,16 @@ def open_job(job: str | Path | Job, *, storage: str | None = None, evaluations: 
     return job
 
 
-def run(job: Job, *, progress: Progress | None = None, catalog: Catalog | None = None,
+def _opened(job: str | Path | Job, catalog: Catalog | None) -> Job:
+    """``job`` as a :class:`Job`: a job file or a job's name is opened as :func:`open_job` opens it."""
+    if isinstance(job, Job):
+        return job
+    if isinstance(job, (str, Path)):
+        return open_job(job, catalog=catalog)
+    raise UserError(f"job={job!r}: give a Job from kernelforge.api.open_job, a job file or a job's name")
+
+
+def run(job: str | Path | Job, *, progress: Progress | None = None, catalog: Catalog | None = None,
         device: str | None = None, in_process: bool = False, compile_ahead: bool = True,
         reconfirm: bool = False) -> Report:
     """Run (or resume) the search of ``job`` as ``kernelforge search`` does, and return its report
@@ -86,6 +98,11 @@ def run(job: Job, *, progress: Progress | None = None, catalog: Catalog | None =
     from kernelforge.search.warm import check_sources
 
     catalog = catalog or default_catalog()
+    job = _opened(job, catalog)
+    if progress is not None and not isinstance(progress, Progress):
+        raise UserError(f"run(progress={progress!r}): give a kernelforge.search.progress.Progress (it receives "
+                        "the search's events) or None")
+    _check_device(device or job.device)  # before the store is created
     require_llm_endpoint(job)
     store = Store(job.storage_url)
     try:
@@ -101,12 +118,14 @@ def run(job: Job, *, progress: Progress | None = None, catalog: Catalog | None =
         store.close()
 
 
-def results(job: Job, *, catalog: Catalog | None = None) -> Report:
+def results(job: str | Path | Job, *, catalog: Catalog | None = None) -> Report:
     """The report of what ``job``'s storage holds (``kernelforge report`` without the files): per
     block, each shape's baseline, winner, speedup and how it was confirmed. Nothing is measured."""
+    catalog = catalog or default_catalog()
+    job = _opened(job, catalog)
     store = Store(job.storage_url, create=False)
     try:
-        return collect(job, catalog or default_catalog(), store)
+        return collect(job, catalog, store)
     finally:
         store.close()
 
@@ -136,9 +155,36 @@ class WinnerKernel:
 
     def make_inputs(self, seed: int = 0, distribution: str = "normal") -> dict[str, Any]:
         """Fresh inputs of this shape, dtype and device from the block's own input builder."""
+        if distribution not in DISTRIBUTIONS:
+            raise UserError(f"make_inputs(distribution={distribution!r}): choose one of {', '.join(DISTRIBUTIONS)}")
         return self.block.make_inputs(self.shape, self.dtype, self.torch_device, seed, distribution)
 
+    @functools.cached_property
+    def _expected(self) -> dict[str, Any]:
+        """Input name -> (shape, dtype) of a tensor, or its type: what this shape's inputs are."""
+        return {name: (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else type(v)
+                for name, v in self.make_inputs().items()}
+
+    def _check(self, inputs: dict[str, Any]) -> None:
+        """One line for inputs that are not this shape's: the kernel was specialised to it and
+        would read or write past the tensors it was given."""
+        expected = self._expected
+        missing, unknown = sorted(set(expected) - set(inputs)), sorted(set(inputs) - set(expected))
+        if missing or unknown:
+            raise UserError(f"{self.block.id} winner at {self.shape.name}: takes the inputs {', '.join(expected)}"
+                            + (f"; missing {', '.join(missing)}" if missing else "")
+                            + (f"; unknown {', '.join(unknown)}" if unknown else "")
+                            + " (make_inputs() builds them)")
+        for name, value in inputs.items():
+            want = expected[name]
+            got = (tuple(value.shape), value.dtype) if isinstance(value, torch.Tensor) else type(value)
+            if isinstance(want, tuple) and got != want:
+                raise UserError(f"{self.block.id} winner at {self.shape.name}: input {name} is {_described(got)}, "
+                                f"but this shape's is {_described(want)}; the winner was chosen and compiled for "
+                                f"shape {self.shape.name}: load_winner(..., shape=...) for another")
+
     def __call__(self, **inputs: Any) -> torch.Tensor | dict[str, torch.Tensor]:
+        self._check(inputs)
         outputs = allocate(self.block, self.shape, self.dtype, self.torch_device)
         named = Outputs.of(self.block, inputs, outputs)
         self.entry(**inputs, **outputs)
@@ -155,7 +201,25 @@ class WinnerKernel:
                 f"{speed} on {self.device}>")
 
 
-def load_winner(job: Job, block_id: str, shape: str | None = None, *, device: str | None = None,
+def _described(kind: Any) -> str:
+    """An input's kind in a message: ``a tensor of shape (3, 200) in torch.bfloat16``, or its type."""
+    if isinstance(kind, tuple):
+        return f"a tensor of shape {kind[0]} in {kind[1]}"
+    return f"of type {kind.__name__}"
+
+
+def _check_device(name: str) -> None:
+    """One line for a device name that is none, or a CUDA device where no GPU is visible."""
+    from kernelforge.devices.registry import get_device, require_visible
+
+    if not isinstance(name, str):
+        raise UserError(f"device={name!r}: give cuda, cuda:N, interpret or replay:PATH")
+    if not name.startswith("replay:"):
+        get_device(name)
+        require_visible(name)
+
+
+def load_winner(job: str | Path | Job, block_id: str, shape: str | None = None, *, device: str | None = None,
                 catalog: Catalog | None = None) -> WinnerKernel:
     """The stored winner of block ``block_id`` at ``shape`` (a shape name of the job's shape set
     for the block; default its first) as a :class:`WinnerKernel`, run on ``device`` (default the
@@ -166,6 +230,7 @@ def load_winner(job: Job, block_id: str, shape: str | None = None, *, device: st
     from kernelforge.devices.registry import default_device_name, get_device
 
     catalog = catalog or default_catalog()
+    job = _opened(job, catalog)
     spec = next((s for s in job.blocks if s.id == block_id), None)
     if spec is None:
         raise UserError(f"job {job.name} has no block {block_id!r}; its blocks: "
@@ -197,9 +262,7 @@ def load_winner(job: Job, block_id: str, shape: str | None = None, *, device: st
     name = device or job.device
     if name.startswith("replay:"):
         name = default_device_name()
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"load_winner(device={name!r}): no CUDA GPU is visible here; pass device='interpret' "
-                        "to run the winner in Triton's CPU interpreter")
+    _check_device(name)
     target = get_device(name)
     target.prepare()  # the interpreter flag must be set before the module's @triton.jit runs
     module = load_module(stored.source, f"winner_{block_id}")

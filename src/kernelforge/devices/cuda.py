@@ -112,8 +112,7 @@ class CudaDevice(Device):
         self._nvml: Nvml | None = None
 
     def prepare(self) -> None:
-        if not torch.cuda.is_available():
-            raise UserError("--device cuda: no CUDA GPU is visible to torch; use --device interpret on a CPU")
+        require_visible(f"cuda:{self.index}")
         torch.cuda.set_device(self.index)
         self._nvml = Nvml(self.index)
 
@@ -350,3 +349,11 @@ class CudaDevice(Device):
             **facts,
             **library_versions(),
         }
+
+
+def require_visible(name: str) -> None:
+    """Raise UserError when ``name`` is a CUDA device and torch sees no GPU (asked by whoever is
+    about to use it, before anything is written)."""
+    if (name == "cuda" or name.startswith("cuda:")) and not torch.cuda.is_available():
+        raise UserError(f"device {name!r}: no CUDA GPU is visible to torch; on a CPU use the interpret device "
+                        "(--device interpret, or device='interpret' in the Python API)")

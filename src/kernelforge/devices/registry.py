@@ -1,11 +1,12 @@
-"""Device names, as jobs and the command line give them, and the device each one means."""
+"""Device names, as jobs and the command line give them, and the device each one means
+(:func:`require_visible`: whether a CUDA one is there, asked before anything is written)."""
 
 from __future__ import annotations
 
 import torch
 
 from kernelforge.devices.base import Device
-from kernelforge.devices.cuda import CudaDevice
+from kernelforge.devices.cuda import CudaDevice, require_visible
 from kernelforge.devices.interpret import InterpretDevice
 from kernelforge.errors import UserError
 
@@ -15,9 +16,11 @@ def get_device(name: str) -> Device:
     if name == "interpret":
         return InterpretDevice()
     if name == "cuda" or name.startswith("cuda:"):
-        index = int(name.split(":", 1)[1]) if ":" in name else 0
-        return CudaDevice(index=index)
-    raise UserError(f"unknown device {name!r}; choose cuda or interpret")
+        index = name.split(":", 1)[1] if ":" in name else "0"
+        if not index.isdigit():
+            raise UserError(f"device {name!r}: cuda:N takes a GPU index, e.g. cuda:0")
+        return CudaDevice(index=int(index))
+    raise UserError(f"unknown device {name!r}; choose cuda, cuda:N or interpret")
 
 
 def default_device_name() -> str:
