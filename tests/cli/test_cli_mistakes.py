@@ -68,3 +68,27 @@ def test_new_without_a_name_says_the_name_is_missing(tmp_path):
     line = _one_line(result)
     assert "NAME is missing" in line and "toy/axpy/NAME" in line and "unknown" not in line
     assert sorted(p.name for p in (kernels / "toy" / "axpy").iterdir()) == before
+
+
+def test_a_report_of_a_storage_that_holds_other_jobs_or_of_jobs_with_no_block_in_common_is_refused(
+        tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the search's report goes to ./reports/
+    job = tmp_path / "toy.toml"
+    job.write_text(TOY_JOB.format(db=tmp_path / "toy.db"))
+    assert invoke("search", str(job), "--progress", "quiet", "--no-compile").exit_code == 0
+    report = tmp_path / "reports" / "toymistake" / "REPORT.md"
+    before = report.read_text()
+    other = tmp_path / "other.toml"
+    other.write_text(TOY_JOB.format(db=tmp_path / "other.db").replace('"toymistake"', '"toyother"'))
+    result = invoke("report", str(other), "--storage", f"sqlite:///{tmp_path / 'toy.db'}")
+    assert result.exit_code == 2
+    assert "holds no results of job toyother, only of toymistake" in _one_line(result)
+    result = invoke("report", str(job), "--compare", str(other), "--compare-storage",
+                    f"sqlite:///{tmp_path / 'missing' / 'x.db'}")
+    assert result.exit_code == 2 and _one_line(result).startswith(f"kernelforge: --compare-storage sqlite:///{tmp_path}")
+    rules = tmp_path / "rules.toml"
+    rules.write_text(TOY_JOB.format(db=tmp_path / "rules.db").replace('"toymistake"', '"toyrules"')
+                     .replace('"toy/axpy"', '"toy/axpy_rules"'))
+    result = invoke("report", str(job), "--compare", str(rules))
+    assert result.exit_code == 2 and "share no block" in _one_line(result)
+    assert report.read_text() == before  # no report was rewritten

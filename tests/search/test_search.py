@@ -14,6 +14,7 @@ import pytest
 
 from kernelforge.baseline_timing import BaselineSeries, baseline_at
 from kernelforge.catalog import Catalog
+from kernelforge.errors import UserError
 from kernelforge.job import load_job
 from kernelforge.search.search import Search
 from kernelforge.store.records import StoreCounts
@@ -187,3 +188,24 @@ def test_confirmation_retimes_the_best_against_the_baseline_and_reports_it(tmp_p
                for row in block.shapes)
     markdown = to_markdown(data)
     assert "not GPU measurements" in markdown and "| n63 |" in markdown
+
+
+def test_a_replay_never_reads_its_own_database_nor_another_blocks_recording(tmp_path):
+    run_search(tmp_path, job_file(tmp_path, name="rec", strategy="grid", evaluations=3))
+    recording = tmp_path / "rec.db"
+    before = rows(recording, "SELECT count(*) FROM kf_results")
+    with pytest.raises(UserError, match=f"device replay:{recording} is the database this search stores into"):
+        run_search(tmp_path, job_file(tmp_path, name="rec", device=f"replay:{recording}", strategy="grid"))
+    assert rows(recording, "SELECT count(*) FROM kf_results") == before
+    # A recording of another shape set (or block) is refused before anything is stored, so the
+    # right recording replays afterwards under the same job.
+    with sqlite3.connect(recording) as conn:
+        conn.execute("UPDATE kf_results SET shape = 'other/' || shape")
+    path = job_file(tmp_path, name="rep", device=f"replay:{recording}", strategy="grid", evaluations=3)
+    with pytest.raises(UserError, match=f"replay:{recording}: the recording holds no result of toy/axpy at shape "
+                                        r"\S+; it holds other/"):
+        run_search(tmp_path, path)
+    assert rows(tmp_path / "rep.db", "SELECT count(*) FROM kf_results") == [(0,)]
+    with sqlite3.connect(recording) as conn:
+        conn.execute("UPDATE kf_results SET shape = substr(shape, 7)")
+    assert run_search(tmp_path, path)[3].evaluations == 3  # the right recording replays under the same job

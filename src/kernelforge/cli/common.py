@@ -51,16 +51,17 @@ def dtype_of(name: str):
     return DTYPES[dtype_name("--dtype", name)]  # the check a job's [job] dtype gets
 
 
-def load_job(ctx: click.Context, job_file: str, storage: str | None):
+def load_job(ctx: click.Context, job_file: str, storage: str | None, option: str = "--storage"):
     """(job, catalog) for ``job_file`` (a job file or a job name, see :func:`kernelforge.job.job_path`), with
-    ``--storage`` overriding the job's storage URL (its password registered with the redactor)."""
+    ``storage`` (the command's ``option``) overriding the job's storage URL (its password registered
+    with the redactor)."""
     from dataclasses import replace
 
     from kernelforge.job import job_path, load_job as load
     from kernelforge.redact import register_url
 
     register_url(storage)
-    check_storage_folder(storage)
+    check_storage_folder(storage, option)
     catalog = catalog_of(ctx)
     job = load(job_path(job_file), catalog)
     if storage:
@@ -68,15 +69,27 @@ def load_job(ctx: click.Context, job_file: str, storage: str | None):
     return job, catalog
 
 
-def check_storage_folder(storage: str | None) -> None:
-    """Refuse a ``--storage sqlite:///PATH`` whose folder does not exist (a mistyped path must not
-    create folders and run a whole search there). The job's default database folder is created."""
-    if not storage or not storage.startswith("sqlite:///"):
+def check_storage_folder(storage: str | None, option: str = "--storage") -> None:
+    """Refuse a ``--storage sqlite:///PATH`` (or the command's other ``option``) whose folder does not
+    exist (a mistyped path must not create folders and run a whole search there). The job's default
+    database folder is created."""
+    from kernelforge.store.engine import sqlite_file
+
+    path = sqlite_file(storage) if storage else None
+    if path is None or path.parent.is_dir():
         return
-    path = Path(storage[len("sqlite:///"):].split("?", 1)[0])
-    if str(path) in ("", ":memory:") or path.parent.is_dir():
-        return
-    raise UserError(f"--storage {storage}: folder {path.parent} does not exist; create it first or fix the path")
+    raise UserError(f"{option} {storage}: folder {path.parent} does not exist; create it first or fix the path")
+
+
+def check_holds(store, job, option: str) -> None:
+    """Refuse a storage that holds other jobs' results and none of ``job``'s: a report of it would be
+    empty and overwrite the job's real one (``option``: the command's option that named it)."""
+    from kernelforge.redact import redact_url
+
+    jobs = store.jobs()
+    if jobs and job.name not in jobs:
+        raise UserError(f"{option} {redact_url(store.url)}: holds no results of job {job.name}, only of "
+                        f"{', '.join(jobs)}; give the database of job {job.name} (its default: leave {option} out)")
 
 
 def yes(flag: bool | None) -> str:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from kernelforge.cli.common import console, err_console, load_job
+from kernelforge.cli.common import check_holds, console, err_console, load_job
 from kernelforge.cli.dashboard import refresh_mirror
 from kernelforge.errors import UserError
 
@@ -30,13 +30,19 @@ def report(ctx: click.Context, job_file: str, storage: str | None, compare_file:
     from kernelforge.store.store import Store
 
     job, catalog = load_job(ctx, job_file, storage)
-    other = load_job(ctx, compare_file, compare_storage)[0] if compare_file else None
+    other = load_job(ctx, compare_file, compare_storage, "--compare-storage")[0] if compare_file else None
     if other is not None and (other.name, other.storage_url) == (job.name, job.storage_url):
         raise UserError(f"--compare {compare_file}: that is job {job.name} in the same storage; "
                         "compare two different jobs (or the same job in another --compare-storage)")
+    if other is not None and not {b.id for b in job.blocks} & {b.id for b in other.blocks}:
+        raise UserError(f"--compare {compare_file}: jobs {job.name} ({', '.join(b.id for b in job.blocks)}) and "
+                        f"{other.name} ({', '.join(b.id for b in other.blocks)}) share no block; compare jobs of the "
+                        "same blocks (on two GPUs, or two Triton versions)")
     store = Store(job.storage_url, create=False)
+    check_holds(store, job, "--storage")
     if other is not None:
         other_store = Store(other.storage_url, create=False)
+        check_holds(other_store, other, "--compare-storage")
         text, html = write_compare(collect(job, catalog, store), collect(other, catalog, other_store))
         click.echo(text)  # raw Markdown: no wrapping or markup interpretation
         err_console.print(f"wrote {html}")

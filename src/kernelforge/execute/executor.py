@@ -16,7 +16,10 @@ the protocol (``runs_code``, ``kind``).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from kernelforge.errors import UserError
 
 if TYPE_CHECKING:
     import torch
@@ -63,17 +66,26 @@ class Executor(Protocol):
     def close(self) -> None: ...
 
 
-def make_executor(device_name: str, *, in_process: bool = False, secrets: tuple[str, ...] = ()) -> Executor:
+def make_executor(device_name: str, *, in_process: bool = False, secrets: tuple[str, ...] = (),
+                  storage: str | None = None) -> Executor:
     """The executor of a job's device: ``cuda``, ``interpret``, ``replay:PATH`` or the waiting
     replay ``replay:PATH?wait=F`` (see :func:`parse_replay`).
 
     ``in_process`` runs candidates in this process (trusted debugging); ``secrets`` names extra
-    environment variables the worker must never see (the LLM key's variable).
+    environment variables the worker must never see (the LLM key's variable); ``storage``: the
+    URL of the database the results go to, which a replay never reads (a replay into the database
+    it replays would store its answers beside the measurements, and the report would show those).
     """
     if device_name.startswith("replay:"):
         from kernelforge.execute.replay import ReplayExecutor
+        from kernelforge.store.engine import sqlite_file
 
         path, wait = parse_replay(device_name)
+        own = sqlite_file(storage) if storage else None
+        if own is not None and own.resolve() == Path(path).resolve():
+            raise UserError(f"device replay:{path} is the database this search stores into: a replay would store "
+                            "what it replays beside what was measured, and the report would show the replay; give "
+                            "the replay its own storage (--storage sqlite:///reports/JOB-replay.db) or job name")
         return ReplayExecutor(path, wait=wait)
     from kernelforge.devices.registry import get_device
 
@@ -90,8 +102,6 @@ def make_executor(device_name: str, *, in_process: bool = False, secrets: tuple[
 def parse_replay(device_name: str) -> tuple[str, float | None]:
     """``replay:PATH`` -> (PATH, None); ``replay:PATH?wait=F`` -> (PATH, F), F a positive factor on
     the recorded device time each evaluation then sleeps. The one parse of a replay device name."""
-    from kernelforge.errors import UserError
-
     spec = device_name.split(":", 1)[1]
     path, sep, query = spec.rpartition("?")
     if not sep or not query.startswith("wait="):

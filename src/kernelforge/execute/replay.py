@@ -46,6 +46,7 @@ class ReplayExecutor:
         self.store = Store(f"sqlite:///{self.path}", create=False)
         self._env: dict[str, Any] | None = None
         self._index: dict[tuple[str, str, str], StoredResult] = {}
+        self._shapes: dict[tuple[str, str], set[str]] = {}  # (block, dtype) -> the shapes recorded
         # Indexed by the hash of the source (what evaluate is given): a candidate id also hashes its
         # template's id; a result without a stored candidate keeps its id (older recordings: the same).
         by_source = {c.id: source_id(c.source) for c in self.store.candidates()}
@@ -58,6 +59,7 @@ class ReplayExecutor:
             if row.env_key == first_key:
                 key = by_source.get(row.candidate_id, row.candidate_id)
                 self._index.setdefault((key, row.shape, row.dtype), row)
+                self._shapes.setdefault((row.block, row.dtype), set()).add(row.shape)
 
     def prepare(self) -> None:
         if self._env is None:
@@ -93,6 +95,7 @@ class ReplayExecutor:
         is timed, the recorded methods are replayed."""
         candidate_id = source_id(source)
         dtype_name = _dtype_name(dtype)
+        self._check_recorded(block, shapes, dtype_name)
         label = f"replayed from {self.path.name} (measured on {(self._env or {}).get('device_name', '?')})"
         out = []
         rows = [self._index.get((candidate_id, shape.name, dtype_name)) for shape in shapes]
@@ -111,6 +114,20 @@ class ReplayExecutor:
                                 row.samples or 0, f"replay:{row.timing_method}", label, row.joules)
             out.append(Evaluation(shape, verdict, counts, timing))
         return out
+
+    def _check_recorded(self, block: Block, shapes: list[Shape], dtype_name: str) -> None:
+        """A UserError, before anything is answered (so nothing is stored), when the recording holds
+        no result of ``block`` in ``dtype_name`` at one of ``shapes``: another block's or shape
+        set's recording, not a candidate the recording never measured."""
+        recorded = self._shapes.get((block.id, dtype_name))
+        if not recorded:
+            held = ", ".join(sorted(f"{b} ({d})" for b, d in self._shapes)) or "nothing"
+            raise UserError(f"replay:{self.path}: the recording holds no result of {block.id} in {dtype_name}; it "
+                            f"holds {held}: replay a recording of this block and dtype")
+        missing = [shape.name for shape in shapes if shape.name not in recorded]
+        if missing:
+            raise UserError(f"replay:{self.path}: the recording holds no result of {block.id} at shape {missing[0]}; "
+                            f"it holds {', '.join(sorted(recorded))}: replay the shape set it was recorded with")
 
     def pair_speedups(self, block: Block, baseline_source: str, candidate_source: str, shape: Shape, dtype,
                       pairs: int) -> list[float]:

@@ -71,7 +71,8 @@ class Search:
         # kernelforge.execute.worker.executor); ``in_process`` (CLI --in-process) is for debugging trusted
         # templates. The worker never sees the LLM's key.
         secrets = tuple(filter(None, [job.llm.api_key_env if job.llm else None]))
-        self.executor = make_executor(device_name or job.device, in_process=in_process, secrets=secrets)
+        self.executor = make_executor(device_name or job.device, in_process=in_process, secrets=secrets,
+                                      storage=store.url)
         # An executor that runs no code (replay) compiles nothing either.
         self.compile_enabled = compile_enabled and self.executor.runs_code
         self.compile_workers = compile_workers

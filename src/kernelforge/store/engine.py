@@ -63,11 +63,17 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
     cursor.close()
 
 
-def _prepare_sqlite_path(url: str, create: bool) -> None:
+def sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite URL (``sqlite:///PATH``); None for another database or one in memory."""
     if not url.startswith("sqlite:///"):
-        return
-    path = Path(url[len("sqlite:///"):])
-    if str(path) in ("", ":memory:"):
+        return None
+    path = Path(url[len("sqlite:///"):].partition("?")[0])
+    return None if str(path) in ("", ":memory:", ".") else path
+
+
+def _prepare_sqlite_path(url: str, create: bool) -> None:
+    path = sqlite_file(url)
+    if path is None:
         return
     if not path.exists() and not create:
         raise UserError(f"no results database at {path}; run the search first")

@@ -331,7 +331,8 @@ def check_integrity(engine: Engine, url: str) -> None:
         raise StorageError(
             f"the results database {path} is damaged ({cut(redact('; '.join(problems)), DETAIL)}); it was left untouched: "
             f"restore a backup (kernelforge backup JOB makes one) or recover what it holds with "
-            f"`sqlite3 {path} .recover | sqlite3 NEW.db` and pass --storage sqlite:///NEW.db"
+            f"`sqlite3 {path} .recover | sqlite3 NEW.db` and use NEW.db in its place (--storage sqlite:///NEW.db for "
+            "a job's results, --device replay:NEW.db for a recording)"
         )
 
 
