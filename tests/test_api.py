@@ -117,9 +117,9 @@ def test_the_api_takes_a_job_by_name_and_refuses_bad_arguments_before_writing(tm
     job = api.open_job("search/demo.toml", storage=f"sqlite:///{db}")
     with pytest.raises(UserError, match=r"run\(progress='jsonl'\): give a kernelforge.search.progress.Progress"):
         api.run(job, progress="jsonl")
-    with pytest.raises(UserError, match="unknown device 'nonsense'; choose cuda, cuda:N or interpret"):
+    with pytest.raises(UserError, match="unknown device 'nonsense'; choose cuda, cuda:N, interpret or replay:PATH"):
         api.run(job, device="nonsense")
-    with pytest.raises(UserError, match="device 'cuda:x': cuda:N takes a GPU index"):
+    with pytest.raises(UserError, match="device: 'cuda:x': cuda:N takes a GPU index"):
         api.run(job, device="cuda:x")
     if not torch.cuda.is_available():
         with pytest.raises(UserError, match="device 'cuda': no CUDA GPU is visible to torch; on a CPU use the "

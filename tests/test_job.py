@@ -78,6 +78,11 @@ def test_shipped_jobs_parse():
         (("evaluations = 3", "evaluations = true"), "[strategy] evaluations: expected a positive integer"),
         (('dtype = "float16"', 'dtype = "float16"\ntarget = "sm_999"'), "[job] target: unknown compile target 'sm_999'"),
         (("[[blocks]]", "[blocks]"), "expected an array of tables"),
+        (("evaluations = 3", "evaluations = 99999999999999999999"), "past the 64-bit integers a database stores"),
+        (('dtype = "float16"', 'dtype = "float16"\nseed = -1'), "[job] seed: must be at least 0"),
+        (('dtype = "float16"', 'dtype = "float16"\nseed = 4294967296'), "[job] seed: must be at most 4294967295"),
+        (('device = "interpret"', 'device = "cuda:x"'), "[job] device: 'cuda:x': cuda:N takes a GPU index"),
+        (('device = "interpret"', 'device = "cuda:-1"'), "cuda:N takes a GPU index"),
         # Issue 32: how often the baseline is re-timed beside the candidates.
         (("evaluations = 3", "evaluations = 3\nbaseline_every = 0"), "[strategy] baseline_every: must be at least 1"),
         (("evaluations = 3", 'evaluations = 3\nbaseline_every = "often"'),

@@ -23,6 +23,8 @@ def typed(where: str, value: Any, kind: type | tuple[type, ...], example: str) -
         raise UserError(f"{where}: expected {example}, got {value!r}")
     if isinstance(value, float) and not math.isfinite(value):
         raise UserError(f"{where}: expected {example}, got {value!r} (not a finite number)")
+    if isinstance(value, int) and not isinstance(value, bool) and not -2**63 <= value < 2**63:
+        raise UserError(f"{where}: expected {example}, got {value} (past the 64-bit integers a database stores)")
     return value
 
 
@@ -34,12 +36,27 @@ def positive_number(where: str, value: Any, example: str) -> float:
     return float(value)
 
 
-def count(where: str, value: Any, least: int = 1, example: str = "a positive integer") -> int:
-    """An integer of at least ``least``."""
+def count(where: str, value: Any, least: int = 1, example: str = "a positive integer", most: int | None = None) -> int:
+    """An integer of at least ``least`` (and at most ``most``, when given)."""
     typed(where, value, int, example)
     if value < least:
         raise UserError(f"{where}: must be at least {least}, got {value}")
+    if most is not None and value > most:
+        raise UserError(f"{where}: must be at most {most}, got {value}")
     return value
+
+
+def device_name(where: str, value: Any) -> str:
+    """A device's name as a job or an option gives it: ``cuda``, ``cuda:N`` (N a GPU index),
+    ``interpret`` or ``replay:PATH`` (its path and wait are read by the replay executor)."""
+    typed(where, value, str, '"cuda", "cuda:N", "interpret" or "replay:PATH"')
+    if value in ("cuda", "interpret") or value.startswith("replay:"):
+        return value
+    if value.startswith("cuda:"):
+        if not value[len("cuda:"):].isdigit():
+            raise UserError(f"{where}: {value!r}: cuda:N takes a GPU index, e.g. cuda:0")
+        return value
+    raise UserError(f"{where}: unknown device {value!r}; choose cuda, cuda:N, interpret or replay:PATH")
 
 
 def compile_target(where: str, value: Any) -> str:

@@ -45,7 +45,7 @@ from typing import Any, Sequence
 from kernelforge.block import DTYPES, Shape
 from kernelforge.errors import UserError
 from kernelforge.llm_spec import LLMSpec, parse_llm
-from kernelforge.fields import compile_target, count, dtype_name, positive_number
+from kernelforge.fields import compile_target, count, device_name, dtype_name, positive_number
 from kernelforge.fields import typed as _typed
 from kernelforge.llm_spec import unknown_fields as _unknown
 from kernelforge.objective import Objective
@@ -180,15 +180,14 @@ def parse_job(raw: dict[str, Any], path: Path, catalog=None) -> Job:
     name = _typed(f"{path} [job] name", job.get("name", path.stem), str, 'a name such as "demo"')
     if not name or not all(c.isalnum() or c in "-_." for c in name) or name.startswith("."):
         raise UserError(f"{path} [job] name: {name!r} must use letters, digits, '-', '_' or '.' (it names reports/<name>/)")
-    device = _typed(f"{path} [job] device", job.get("device", "interpret"), str, '"cuda", "interpret" or "replay:PATH"')
-    if not (device in ("cuda", "interpret") or device.startswith("cuda:") or device.startswith("replay:")):
-        raise UserError(f"{path} [job] device: {device!r} is not cuda, interpret or replay:PATH")
+    device = device_name(f"{path} [job] device", job.get("device", "interpret"))
     dtype = dtype_name(f"{path} [job] dtype", job.get("dtype", "bfloat16"))
     tune = _typed(f"{path} [job] tune", job.get("tune", "all-shapes"), str, '"all-shapes"')
     if tune not in TUNE_MODES:
         raise UserError(f"{path} [job] tune: {tune!r} is not one of {', '.join(TUNE_MODES)}")
     objective = Objective.parse(job.get("objective", "time"), f"{path} [job] objective")
-    seed = _typed(f"{path} [job] seed", job.get("seed", 0), int, "an integer")
+    seed = count(f"{path} [job] seed", job.get("seed", 0), least=0, most=2**32 - 1,
+                 example="an integer from 0 to 4294967295")
     target = job.get("target")
     if target is not None:
         compile_target(f"{path} [job] target", target)  # as `kernelforge compile --target` checks it

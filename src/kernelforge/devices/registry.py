@@ -9,18 +9,19 @@ from kernelforge.devices.base import Device
 from kernelforge.devices.cuda import CudaDevice, require_visible
 from kernelforge.devices.interpret import InterpretDevice
 from kernelforge.errors import UserError
+from kernelforge.fields import device_name
 
 
 def get_device(name: str) -> Device:
-    """The device called ``name`` (``cuda``, ``cuda:N`` or ``interpret``)."""
+    """The device called ``name`` (``cuda``, ``cuda:N`` or ``interpret``; a replay is no device
+    but a recording, :mod:`kernelforge.execute.replay`)."""
+    device_name("device", name)
     if name == "interpret":
         return InterpretDevice()
-    if name == "cuda" or name.startswith("cuda:"):
-        index = name.split(":", 1)[1] if ":" in name else "0"
-        if not index.isdigit():
-            raise UserError(f"device {name!r}: cuda:N takes a GPU index, e.g. cuda:0")
-        return CudaDevice(index=int(index))
-    raise UserError(f"unknown device {name!r}; choose cuda, cuda:N or interpret")
+    if name.startswith("cuda"):
+        return CudaDevice(index=int(name.partition(":")[2] or 0))
+    raise UserError(f"device {name!r} is a recording, not a device: kernelforge.execute.executor.make_executor "
+                    "replays it")
 
 
 def default_device_name() -> str:
