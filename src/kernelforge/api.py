@@ -23,9 +23,10 @@ from kernelforge.block import DISTRIBUTIONS, DTYPES, OUT, Block, Shape
 from kernelforge.candidate import load_module
 from kernelforge.catalog import Catalog, default_kernels_root
 from kernelforge.errors import UserError
+from kernelforge.execute.executor import check_device
 from kernelforge.execute.judge.contract import Outputs, allocate
 from kernelforge.policy.wall import refusal
-from kernelforge.job import Job, job_path, load_job, require_llm_endpoint
+from kernelforge.job import Job, job_path, load_job
 from kernelforge.redact import redact_url, register_url
 from kernelforge.report.collect import collect
 from kernelforge.report.records import Report
@@ -94,19 +95,17 @@ def run(job: str | Path | Job, *, progress: Progress | None = None, catalog: Cat
     none); ``device``, ``in_process``, ``compile_ahead`` (False: ``--no-compile``) and ``reconfirm`` are
     the command line's options. A search stopped with Ctrl-C raises KeyboardInterrupt after
     everything measured is stored; running again continues it."""
-    from kernelforge.start import run_search
-    from kernelforge.search.warm import check_sources
+    from kernelforge.start import preflight, run_search
 
     catalog = catalog or default_catalog()
     job = _opened(job, catalog)
     if progress is not None and not isinstance(progress, Progress):
         raise UserError(f"run(progress={progress!r}): give a kernelforge.search.progress.Progress (it receives "
                         "the search's events) or None")
-    _check_device(device or job.device)  # before the store is created
-    require_llm_endpoint(job)
+    preflight(job, device, None, before_store=True)
     store = Store(job.storage_url)
     try:
-        check_sources(store, job.name, job.strategy.warm_start)
+        preflight(job, device, store)
         events = progress or Progress()
         outcome = run_search(job, catalog, store, events, device_name=device, compile_enabled=compile_ahead,
                              in_process=in_process, reconfirm=reconfirm)
@@ -208,17 +207,6 @@ def _described(kind: Any) -> str:
     return f"of type {kind.__name__}"
 
 
-def _check_device(name: str) -> None:
-    """One line for a device name that is none, or a CUDA device where no GPU is visible."""
-    from kernelforge.devices.registry import get_device, require_visible
-
-    if not isinstance(name, str):
-        raise UserError(f"device={name!r}: give cuda, cuda:N, interpret or replay:PATH")
-    if not name.startswith("replay:"):
-        get_device(name)
-        require_visible(name)
-
-
 def load_winner(job: str | Path | Job, block_id: str, shape: str | None = None, *, device: str | None = None,
                 catalog: Catalog | None = None) -> WinnerKernel:
     """The stored winner of block ``block_id`` at ``shape`` (a shape name of the job's shape set
@@ -262,7 +250,7 @@ def load_winner(job: str | Path | Job, block_id: str, shape: str | None = None, 
     name = device or job.device
     if name.startswith("replay:"):
         name = default_device_name()
-    _check_device(name)
+    check_device(name)
     target = get_device(name)
     target.prepare()  # the interpreter flag must be set before the module's @triton.jit runs
     module = load_module(stored.source, f"winner_{block_id}")

@@ -2,19 +2,22 @@
 the compile workers the environment asks for (``compile_workers_from_env``), the job's LLM proposer
 (none without an ``[llm]`` table) and its point adviser. The wiring of a run lives here, at the top,
 so that the search below never imports the LLM generator: it reaches it only through its seams
-(:class:`~kernelforge.search.proposer.Proposer`, :data:`~kernelforge.search.proposer.AdvisorFactory`). The callers open the store, check the warm-start sources and
-report; this is the part they share."""
+(:class:`~kernelforge.search.proposer.Proposer`, :data:`~kernelforge.search.proposer.AdvisorFactory`). The callers open the store and
+report; this is the part they share, with :func:`preflight`: what a search checks before it runs
+anything (``--dry-run`` runs it too)."""
 
 from __future__ import annotations
 
 from kernelforge.catalog import Catalog
 from kernelforge.compile.pool import compile_workers_from_env
-from kernelforge.job import Job
+from kernelforge.execute.executor import check_device
+from kernelforge.job import Job, require_llm_endpoint
 from kernelforge.llm.advisor import advice_for
 from kernelforge.llm.proposer import for_job
 from kernelforge.search.evaluation_loop import SearchOutcome
 from kernelforge.search.search import Search
 from kernelforge.search.progress import Progress
+from kernelforge.search.warm import check_sources
 from kernelforge.store.store import Store
 
 
@@ -27,3 +30,14 @@ def run_search(job: Job, catalog: Catalog, store: Store, progress: Progress, *, 
                   in_process=in_process, compile_workers=compile_workers_from_env(), pool=pool,
                   proposer=for_job(job, store, progress), advisor=advice_for,
                   reconfirm=reconfirm).run()
+
+
+def preflight(job: Job, device_name: str | None, store: Store | None, *, before_store: bool = False) -> None:
+    """What a search of ``job`` checks before it runs anything, one UserError each: the LLM's
+    endpoint and the device (``before_store``: before the database is created), then the warm
+    start's sources in ``store`` (None: no database yet)."""
+    if before_store:
+        require_llm_endpoint(job)
+        check_device(device_name or job.device, job.storage_url)
+        return
+    check_sources(store, job.name, job.strategy.warm_start)

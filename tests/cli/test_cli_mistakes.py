@@ -92,3 +92,22 @@ def test_a_report_of_a_storage_that_holds_other_jobs_or_of_jobs_with_no_block_in
     result = invoke("report", str(job), "--compare", str(rules))
     assert result.exit_code == 2 and "share no block" in _one_line(result)
     assert report.read_text() == before  # no report was rewritten
+
+
+def test_a_dry_run_refuses_what_the_search_would_refuse(tmp_path):
+    import torch
+
+    job = tmp_path / "toy.toml"
+    job.write_text(TOY_JOB.format(db=tmp_path / "toy.db"))
+    assert invoke("search", str(job), "--dry-run").exit_code == 0
+    cases = [(["--warm-start", "nosuchjob"], "warm start 'nosuchjob': no job of that name stored results"),
+             (["--device", f"replay:{tmp_path / 'none.db'}"], "no such recording")]
+    if not torch.cuda.is_available():
+        cases.append((["--device", "cuda"], "device 'cuda': no CUDA GPU is visible to torch"))
+    for options, message in cases:
+        result = invoke("search", str(job), "--dry-run", *options)
+        assert result.exit_code == 2 and message in _one_line(result), options
+    (tmp_path / "toy.db").write_bytes(b"not a database at all, but a file where the database goes" * 100)
+    result = invoke("search", str(job), "--dry-run")
+    assert result.exit_code == 2 and "cannot be opened" in _one_line(result)
+    assert (tmp_path / "toy.db").read_bytes().startswith(b"not a database")  # left as it was

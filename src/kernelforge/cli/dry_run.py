@@ -20,12 +20,19 @@ from kernelforge.job import Tune
 
 def print_plan(job, catalog, *, device_name: str | None, compile_enabled: bool) -> None:
     """Print the plan of ``job`` (with the command line's overrides) and the stored results it
-    would resume from."""
+    would resume from, once the search's own checks (:func:`kernelforge.start.preflight`) found
+    nothing it would refuse; a database that exists but cannot be opened is refused too, as the
+    search would."""
     from kernelforge.redact import redact, redact_url
     from kernelforge.search.plan import already_spent, llm_reserve, plan_studies
+    from kernelforge.start import preflight
 
     planned = plan_studies(job, catalog)
+    preflight(job, device_name, None, before_store=True)
     store, why_not = open_existing(job.storage_url)
+    if store is None and why_not != NOTHING_YET:
+        raise UserError(f"storage {redact_url(job.storage_url)} {why_not}")
+    preflight(job, device_name, store)
 
     line = lambda label, value: console.print(redact(f"  {label:<10}{value}"), markup=False, soft_wrap=True)  # noqa: E731
     console.print(f"[bold]{escape(job.name)}[/] ({escape(str(job.path))}): dry run, nothing is evaluated")
@@ -79,6 +86,9 @@ def target_line(job, compile_enabled: bool) -> str:
     return f"{default_target()} (default: the local GPU's, else sm_90)"
 
 
+NOTHING_YET = "nothing stored yet"
+
+
 def open_existing(url: str):
     """(the job's store, None) when its database can be read; (None, why not) otherwise: nothing
     stored yet, or a database that cannot be opened (said with any password redacted)."""
@@ -86,7 +96,7 @@ def open_existing(url: str):
     from kernelforge.store.store import Store
 
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
-        return None, "nothing stored yet"  # not an error for a new job: the search creates it
+        return None, NOTHING_YET  # not an error for a new job: the search creates it
     try:
         return Store(url, create=False), ""
     except UserError as exc:  # the store registered the URL's password: redact masks it

@@ -75,21 +75,19 @@ def search(ctx: click.Context, job_file: str, storage: str | None, device_name: 
 
         sources = warm_sources([s.strip() for item in warm_start for s in item.split(",") if s.strip()], "--warm-start")
         job = replace(job, strategy=replace(job.strategy, warm_start=sources))
-    if dry_run:
+    if dry_run:  # what the run would refuse, it refuses too, then shows the plan
         print_plan(job, catalog, device_name=device_name, compile_enabled=not no_compile)
         return
 
-    from kernelforge.job import require_llm_endpoint
     from kernelforge.report.write import write_report
     from kernelforge.search.progress import make_progress
     from kernelforge.compile.ray_pool import pool_from_environment
-    from kernelforge.start import run_search
-    from kernelforge.search.warm import check_sources
+    from kernelforge.start import preflight, run_search
     from kernelforge.store.store import Store
 
-    require_llm_endpoint(job)
+    preflight(job, device_name, None, before_store=True)
     store = Store(job.storage_url)
-    check_sources(store, job.name, job.strategy.warm_start)  # an unknown source: one line, before anything runs
+    preflight(job, device_name, store)
     mode = progress_mode or ("live" if sys.stdout.isatty() else "jsonl")
     progress = make_progress(mode)
     pool = None if no_compile else pool_from_environment()  # a --ray worker compiles on the cluster's CPUs

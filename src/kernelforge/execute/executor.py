@@ -76,16 +76,11 @@ def make_executor(device_name: str, *, in_process: bool = False, secrets: tuple[
     URL of the database the results go to, which a replay never reads (a replay into the database
     it replays would store its answers beside the measurements, and the report would show those).
     """
+    check_device(device_name, storage)
     if device_name.startswith("replay:"):
         from kernelforge.execute.replay import ReplayExecutor
-        from kernelforge.store.engine import sqlite_file
 
         path, wait = parse_replay(device_name)
-        own = sqlite_file(storage) if storage else None
-        if own is not None and own.resolve() == Path(path).resolve():
-            raise UserError(f"device replay:{path} is the database this search stores into: a replay would store "
-                            "what it replays beside what was measured, and the report would show the replay; give "
-                            "the replay its own storage (--storage sqlite:///reports/JOB-replay.db) or job name")
         return ReplayExecutor(path, wait=wait)
     from kernelforge.devices.registry import get_device
 
@@ -97,6 +92,31 @@ def make_executor(device_name: str, *, in_process: bool = False, secrets: tuple[
     from kernelforge.execute.worker.executor import WorkerExecutor
 
     return WorkerExecutor(device, extra_secrets=secrets)
+
+
+def check_device(device_name: str, storage: str | None = None) -> None:
+    """Raise UserError, before anything is created, when ``device_name`` cannot serve a search
+    storing into ``storage``: an unknown name, a CUDA device where torch sees no GPU, a recording
+    that is not there, or the database the search stores into (a replay into the database it
+    replays would store its answers beside the measurements, and the report would show those)."""
+    from kernelforge.fields import device_name as checked_name
+
+    checked_name("device", device_name)
+    if not device_name.startswith("replay:"):
+        from kernelforge.devices.cuda import require_visible
+
+        require_visible(device_name)
+        return
+    from kernelforge.store.engine import sqlite_file
+
+    path, _ = parse_replay(device_name)
+    if not Path(path).is_file():
+        raise UserError(f"replay:{path}: no such recording; give the path of a kernelforge.db of an earlier search")
+    own = sqlite_file(storage) if storage else None
+    if own is not None and own.resolve() == Path(path).resolve():
+        raise UserError(f"device replay:{path} is the database this search stores into: a replay would store "
+                        "what it replays beside what was measured, and the report would show the replay; give "
+                        "the replay its own storage (--storage sqlite:///reports/JOB-replay.db) or job name")
 
 
 def parse_replay(device_name: str) -> tuple[str, float | None]:

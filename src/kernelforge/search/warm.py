@@ -81,9 +81,9 @@ class WarmStart:
     scores: Mapping[tuple, float] = field(default_factory=dict)
 
 
-def check_sources(store: "Store", job_name: str, sources: Sequence[str]) -> None:
+def check_sources(store: "Store | None", job_name: str, sources: Sequence[str]) -> None:
     """Raise UserError for a source that is neither ``shapes`` nor a job with results in ``store``
-    (naming the stored jobs), or that is the job itself."""
+    (naming the stored jobs; None: no database yet, so none), or that is the job itself."""
     stored = None
     for source in sources:
         if source == SHAPES:
@@ -91,7 +91,7 @@ def check_sources(store: "Store", job_name: str, sources: Sequence[str]) -> None
         if source == job_name:
             raise UserError(f"warm start {source!r}: that is this job itself, whose points its own search "
                             f"already knows; name another job, or {SHAPES!r} for the template's other shapes")
-        stored = store.jobs() if stored is None else stored
+        stored = (store.jobs() if store is not None else []) if stored is None else stored
         if source not in stored:
             listing = ", ".join(stored) if stored else "none yet"
             raise UserError(f"warm start {source!r}: no job of that name stored results in this storage; its jobs: "
