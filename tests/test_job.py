@@ -79,6 +79,7 @@ def test_shipped_jobs_parse():
         (('dtype = "float16"', 'dtype = "float16"\ntarget = "sm_999"'), "[job] target: unknown compile target 'sm_999'"),
         (("[[blocks]]", "[blocks]"), "expected an array of tables"),
         (("evaluations = 3", "evaluations = 99999999999999999999"), "past the 64-bit integers a database stores"),
+        (("evaluations = 3", 'evaluations = 3\nwarm_start = "shapes"'), 'expected a list, got \'shapes\'; write ["shapes"]'),
         (('dtype = "float16"', 'dtype = "float16"\nseed = -1'), "[job] seed: must be at least 0"),
         (('dtype = "float16"', 'dtype = "float16"\nseed = 4294967296'), "[job] seed: must be at most 4294967295"),
         (('device = "interpret"', 'device = "cuda:x"'), "[job] device: 'cuda:x': cuda:N takes a GPU index"),
@@ -248,3 +249,17 @@ def test_a_job_field_and_its_command_line_option_are_checked_alike(tmp_path):
     assert result.exit_code == 2
     words = str(job_error.value).partition("target: ")[2]
     assert words and words in " ".join(result.output.split())
+
+
+def test_a_job_name_two_files_give_or_a_folder_is_refused_naming_them(tmp_path, monkeypatch):
+    from kernelforge.job import job_path
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "search").mkdir()
+    (tmp_path / "search" / "one.toml").write_text(GOOD)
+    (tmp_path / "search" / "two.toml").write_text(GOOD)
+    assert job_path("one") == Path("search/one.toml")  # a file's stem is unambiguous
+    with pytest.raises(UserError, match=r"t1: search/one.toml and search/two.toml both name their job 't1'"):
+        job_path("t1")
+    with pytest.raises(UserError, match="search: is a folder; give a job file"):
+        job_path("search")

@@ -35,6 +35,7 @@ Every mistake names the file, the field and the fix.
 from __future__ import annotations
 
 import difflib
+import json
 import re
 import sys
 from dataclasses import dataclass
@@ -264,7 +265,10 @@ def _objective_strategy(objective: Objective, name: str, explicit: bool, path: P
 
 def warm_sources(values: Any, where: str) -> tuple[str, ...]:
     """Warm-start sources (job names, or ``shapes``: :mod:`kernelforge.search.warm`), each once, in order."""
-    _typed(where, values, list, 'a list of job names, e.g. ["h100-run"], or "shapes" (other shapes of the template)')
+    if isinstance(values, str):
+        raise UserError(f'{where}: expected a list, got {values!r}; write [{json.dumps(values)}] (job names, or '
+                        '"shapes" for the template\'s other shapes)')
+    _typed(where, values, list, 'a list of job names, e.g. ["h100-run"], or ["shapes"] (other shapes of the template)')
     for value in values:
         if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*", value):
             raise UserError(f'{where}: {value!r} is not a job name (letters, digits, "-", "_", ".") or "shapes"')
@@ -306,16 +310,17 @@ def _check_block(where: str, catalog, block_id: str, shapes: str, templates: lis
 JOBS_DIR = Path("search")
 
 
-def known_jobs() -> dict[str, Path]:
-    """Job name -> job file, for every ``search/*.toml`` (the name is ``[job] name``, else the stem)."""
-    found: dict[str, Path] = {}
+def known_jobs() -> dict[str, list[Path]]:
+    """Job name -> the job files of that name, for every ``search/*.toml`` (the name is ``[job] name``,
+    else the stem)."""
+    found: dict[str, list[Path]] = {}
     for path in sorted(JOBS_DIR.glob("*.toml")):
         try:
             raw = tomllib.loads(path.read_text(encoding="utf-8"))
             name = raw.get("job", {}).get("name", path.stem)
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, AttributeError):
             name = path.stem  # a broken file still counts under its stem; loading it says what is wrong
-        found.setdefault(str(name), path)
+        found.setdefault(str(name), []).append(path)
     return found
 
 
@@ -325,12 +330,18 @@ def job_path(name_or_path: str) -> Path:
     path = Path(name_or_path)
     if path.is_file():
         return path
+    if path.exists():
+        raise UserError(f"{name_or_path}: is {'a folder' if path.is_dir() else 'not a regular file'}; give a job "
+                        "file (a .toml) or a job's name")
     named = JOBS_DIR / f"{name_or_path}.toml"
     if named.is_file():
         return named
     jobs = known_jobs()
+    if len(jobs.get(name_or_path, [])) > 1:
+        raise UserError(f"{name_or_path}: {' and '.join(map(str, jobs[name_or_path]))} both name their job "
+                        f"{name_or_path!r}; give the file's path, or rename one ([job] name)")
     if name_or_path in jobs:
-        return jobs[name_or_path]
+        return jobs[name_or_path][0]
     listing = ", ".join(jobs) if jobs else f"none (no {JOBS_DIR}/*.toml here)"
     raise UserError(f"{name_or_path}: no such job file or job name; give a path to a job file, or one of the jobs "
                     f"under {JOBS_DIR}/: {listing}")

@@ -104,3 +104,14 @@ def test_the_hosts_launch_time_is_stored_and_an_older_database_gains_its_column(
     assert reopened.add_result(row)
     assert reopened.find_result(new.id, "n7", "float16", base.env_key).host_launch_s == 4.5e-5
     assert reopened.find_result(old.id, "n7", "float16", base.env_key).host_launch_s is None
+
+
+def test_a_url_of_a_missing_driver_or_a_bad_scheme_says_which(tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("MySQLdb") is None:
+        with pytest.raises(UserError, match=r"storage 'mysql://\*\*\*@host/db': its database driver is not installed "
+                                            r"\(MySQLdb\); install it"):
+            Store("mysql://user:pw@host/db")
+    with pytest.raises(UserError, match="storage 'nope://x': .*use a SQLAlchemy URL such as"):
+        Store("nope://x")

@@ -30,8 +30,6 @@ def print_plan(job, catalog, *, device_name: str | None, compile_enabled: bool) 
     planned = plan_studies(job, catalog)
     preflight(job, device_name, None, before_store=True)
     store, why_not = open_existing(job.storage_url)
-    if store is None and why_not != NOTHING_YET:
-        raise UserError(f"storage {redact_url(job.storage_url)} {why_not}")
     preflight(job, device_name, store)
 
     line = lambda label, value: console.print(redact(f"  {label:<10}{value}"), markup=False, soft_wrap=True)  # noqa: E731
@@ -73,6 +71,8 @@ def print_plan(job, catalog, *, device_name: str | None, compile_enabled: bool) 
         if store:
             console.print(f"  stored: {stored_line(store, job, spec.id, [s.name for s in shapes])}",
                           markup=False, soft_wrap=True)
+    if store is None and why_not != NOTHING_YET:  # the plan is shown; the search would stop here
+        raise UserError(f"storage {redact_url(job.storage_url)} {why_not}")
 
 
 def target_line(job, compile_enabled: bool) -> str:

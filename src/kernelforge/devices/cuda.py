@@ -356,4 +356,5 @@ def require_visible(name: str) -> None:
     about to use it, before anything is written)."""
     if (name == "cuda" or name.startswith("cuda:")) and not torch.cuda.is_available():
         raise UserError(f"device {name!r}: no CUDA GPU is visible to torch; on a CPU use the interpret device "
-                        "(--device interpret, or device='interpret' in the Python API)")
+                        "(device = \"interpret\" in the job file, --device interpret, or device='interpret' in the "
+                        "Python API)")

@@ -25,8 +25,13 @@ def make_engine(url: str, create: bool) -> Engine:
     _prepare_sqlite_path(url, create)
     try:
         engine = sa.create_engine(url, future=True)
-    except Exception as exc:  # bad URL, missing driver
-        raise UserError(f"storage {redact_url(url)!r}: {redact(str(exc))}; use a SQLAlchemy URL such as sqlite:///reports/job/kernelforge.db") from None
+    except ModuleNotFoundError as exc:  # a valid URL whose database driver is not installed
+        raise UserError(f"storage {redact_url(url)!r}: its database driver is not installed ({exc.name}); install "
+                        "it in this environment (PostgreSQL's, psycopg2, comes with the dev extra), or use "
+                        "sqlite:///PATH") from None
+    except Exception as exc:  # a bad URL
+        raise UserError(f"storage {redact_url(url)!r}: {redact(str(exc))}; use a SQLAlchemy URL such as "
+                        "sqlite:///reports/job/kernelforge.db") from None
     sa.event.listen(engine, "handle_error", lambda context: _write_failure(url, context))
     return engine
 

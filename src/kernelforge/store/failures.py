@@ -118,7 +118,7 @@ def failure(kind: str, url: str, words: str) -> StorageError:
     if kind == "locked":
         error = StorageError(f"the results database {place} stayed locked by another process for 30 s; {FIXES[kind]}")
     else:
-        verb = "read" if kind == "damaged" else "write"
+        verb = {"damaged": "read", "lost": "reach", "io": "open"}.get(kind, "write")
         fix = FIXES[kind].replace("FILE", url[len("sqlite:///"):] if url.startswith("sqlite:///") else "FILE")
         error = StorageError(f"cannot {verb} the results database {place}: {redact(words)}; {fix}")
     error.kind = kind  # type: ignore[attr-defined]
