@@ -68,6 +68,7 @@ def test_shipped_jobs_parse():
         (('id = "toy/axpy"', 'id = "toy/axpi"'), "did you mean toy/axpy?"),
         (('shapes = "check"', 'shapes = "huge"'), "no shape set or shape named 'huge'"),
         (('templates = ["baseline"]', 'templates = ["fast"]'), "toy/axpy has no template 'fast'"),
+        (('templates = ["baseline"]', 'templates = []'), "templates: [] names no template"),
         (('name = "t1"', 'name = "../evil"'), "[job] name"),
         (("[job]", "[jobs]"), "unknown field 'jobs'"),
         (('id = "toy/axpy"', 'ID = "toy/axpy"'), "unknown field 'ID'"),

@@ -228,6 +228,9 @@ def parse_job(raw: dict[str, Any], path: Path, catalog=None) -> Job:
         _typed(f"{where} templates", templates, list, 'a list of template names, e.g. ["baseline"]')
         for t in templates:
             _typed(f"{where} templates", t, str, "template names")
+        if "templates" in entry and not templates:
+            raise UserError(f"{where} templates: [] names no template; list the templates to search, or leave "
+                            "templates out to search every template of the block")
         if catalog is not None:
             _check_block(where, catalog, block_id, shapes, templates)
         blocks.append(BlockSpec(block_id, shapes, tuple(templates)))
