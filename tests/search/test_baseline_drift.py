@@ -94,6 +94,10 @@ def test_a_drifting_device_does_not_rank_a_candidate_as_faster(tmp_path):
     # show it (the first timing is the slow one).
     assert len(retimed) >= outcome.evaluations
     assert all(t.baseline_id == baseline.id and t.shape == "n63" for t in retimed)
+    # The progress events say so, with the baseline's id as every measuring event's candidate.
+    measuring = [data for kind, data in recorder.events if kind == "measuring"]
+    assert {d["candidate"] for d in measuring if d.get("retimed")} == {baseline.id}
+    assert all(store.candidate(d["candidate"]) is not None for d in measuring)
     assert first.median_s > 5 * max(t.median_s for t in retimed)
 
     table = by_candidate(r for r in store.results(block="toy/axpy") if r.env_key == run.env_key)

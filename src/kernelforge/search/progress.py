@@ -1,7 +1,8 @@
 """Progress of a search: a live terminal view, JSON lines for scripts, or quiet.
 
 The search reports events (``start``, ``baseline``, ``measuring`` (a candidate whose measurement
-starts now), ``evaluated``, ``duplicate``, ``infeasible``
+starts now: ``candidate`` is its id, ``retimed`` true for the baseline timed again beside the
+candidates), ``evaluated``, ``duplicate``, ``infeasible``
 (a candidate the compile rejected for the target's resources: no evaluation), ``confirmed``,
 ``end``); a progress object turns them into output and never influences the search. A
 ``baseline`` event comes per distinct baseline candidate of a block, with the shapes it is the
@@ -77,7 +78,8 @@ class LiveProgress(Progress):
         elif kind == "measuring":
             self.measured_since = self.measured_since or time.time()
             params = " ".join(f"{k}={v}" for k, v in (data.get("params") or {}).items())
-            self.current = f"measuring {block} {data.get('candidate', '')} {params}".rstrip()
+            retimed = " (baseline, re-timed)" if data.get("retimed") else ""
+            self.current = f"measuring {block} {data.get('candidate', '')}{retimed} {params}".rstrip()
         elif kind == "evaluated":
             self.current = ""
             self.done[block] += 1

@@ -57,8 +57,7 @@ class BaselineRetimer:
     def _retime(self, block: Block, group: list[Shape], plan: TimingPlan | None) -> None:
         run = self.run
         candidate = run.baselines[block.id][group[0].name]
-        run.progress.event("measuring", block=block.id, candidate=f"{candidate.id} (baseline, re-timed)",
-                           params=candidate.point)
+        run.progress.event("measuring", block=block.id, candidate=candidate.id, params=candidate.point, retimed=True)
         evaluations = run.executor.evaluate(block, candidate.source, group, run.dtype, plan=plan)
         for ev in evaluations:
             self._since[(block.id, ev.shape.name)] = 0
