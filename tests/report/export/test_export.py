@@ -152,6 +152,18 @@ def test_source_export_writes_the_stored_winning_sources(h200, tmp_path):
         path = tmp_path / f"{block.replace('/', '_')}__{cid}.py"
         assert path.read_text() == store.candidate(cid).source
     assert len([p for p in tmp_path.iterdir() if p.suffix == ".py"]) == len(winners) == 4
+    # Exported again after a winner changed: the earlier winner's file goes (a loader reads every
+    # file of the folder), a file the export never wrote stays.
+    (tmp_path / "notes.py").write_text("# mine")
+    meta = json.loads((tmp_path / "kernelforge-export-source.json").read_text())
+    assert meta["files"] == sorted(p.name for p in tmp_path.iterdir() if "__" in p.name)
+    old = tmp_path / "attention_gpt_oss_decode__0123456789abcdef.py"
+    old.write_text("# an earlier winner")
+    (tmp_path / "kernelforge-export-source.json").write_text(json.dumps({**meta, "files": [*meta["files"], old.name]}))
+    result = export(h200["path"], "source", tmp_path)
+    assert result.exit_code == 0, result.output
+    assert not old.exists() and (tmp_path / "notes.py").exists() and "removed 1 file(s)" in result.output
+    assert len([p for p in tmp_path.iterdir() if "__" in p.name]) == 4
 
 
 def test_vllm_export_of_a_job_without_moe_is_a_clear_error(h200, tmp_path):

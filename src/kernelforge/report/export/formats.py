@@ -89,17 +89,37 @@ def export(job: Job, catalog: Catalog, store: Store, fmt: str, out: Path | None 
         notes[:0] = [f"{block}: configurations from {', '.join(info['templates'])}, {info['space']}; {info['tuned_on']}"
                      for block, info in meta_json["space"].items()]
         meta_json["notes"] = notes
+    meta = out / f"kernelforge-export-{fmt}.json"
+    stale = [name for name in _written_before(meta, out) if name not in texts]
+    if stale:  # a loader reads every file of the folder: an earlier winner's file must not stay beside the new
+        notes.append(f"removed {len(stale)} file(s) the earlier {fmt} export wrote here and this one does not: "
+                     + ", ".join(stale))
+    meta_json["files"] = sorted(texts)
     written = []
     try:
         out.mkdir(parents=True, exist_ok=True)
+        for name in stale:
+            (out / name).unlink(missing_ok=True)
         for name, text in texts.items():
             path = out / name
             path.parent.mkdir(parents=True, exist_ok=True)
             write_text(path, text)
             written.append(path)
-        meta = out / f"kernelforge-export-{fmt}.json"
         write_text(meta, json.dumps(meta_json, indent=1, default=str) + "\n")
         written.append(meta)
     except OSError as exc:
         raise UserError(f"cannot write the export into {out} ({exc.strerror}); choose a writable --out") from None
     return written, notes
+
+
+def _written_before(meta: Path, out: Path) -> list[str]:
+    """The files an earlier export of this format wrote into ``out``, as its ``meta`` file lists them
+    (``files``; an older one's entries), those still there and inside ``out`` only."""
+    try:
+        earlier = json.loads(meta.read_text(encoding="utf-8"))
+        names = earlier.get("files") or sorted({entry["file"] for entry in earlier.get("entries", [])})
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return []  # none, or not ours to read: nothing is removed
+    root = out.resolve()
+    return [name for name in names if isinstance(name, str) and (out / name).is_file()
+            and (out / name).resolve().is_relative_to(root) and (out / name).resolve() != meta.resolve()]
