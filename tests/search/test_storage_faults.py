@@ -282,6 +282,10 @@ def test_backup_copies_a_job_database_consistently(tmp_path):
         again = subprocess.run([*CLI, "backup", str(job), "copy.db"], cwd=tmp_path, capture_output=True, text=True,
                                timeout=300)
         assert again.returncode == 2 and "never overwrites" in " ".join(again.stderr.split())
+        astray = subprocess.run([*CLI, "backup", str(job), "no/such/folder/copy.db"], cwd=tmp_path,
+                                capture_output=True, text=True, timeout=300)
+        assert astray.returncode == 2 and "folder no/such/folder does not exist" in " ".join(astray.stderr.split())
+        assert not (tmp_path / "no").exists()
     finally:
         holder.rollback()
         holder.close()

@@ -24,9 +24,10 @@ def backup_sqlite(source: Path | None, destination: str | Path) -> Path:
         raise UserError(f"{target} exists; give backup a new file name (it never overwrites)")
     if target.resolve() == source.resolve():
         raise UserError(f"{target} is the database itself; give backup another path")
+    if not target.parent.is_dir():  # a mistyped path creates no folders
+        raise UserError(f"{target}: folder {target.parent} does not exist; create it first or fix the path")
     partial = target.with_name(target.name + ".partial")
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
         reader = sqlite3.connect(f"file:{quote(str(source.resolve()))}?mode=ro", uri=True, timeout=30)
         try:
             with sqlite3.connect(partial) as copy:
