@@ -205,6 +205,7 @@ def test_show_prints_a_candidate_found_by_a_unique_prefix(tmp_path, monkeypatch)
         out = result.output
         assert ids["base"] in out and "toy/axpy/baseline" in out and "BLOCK=256 num_warps=4" in out
         assert "origin    baseline" in out and "n1000" in out and "_axpy" in out and "def run(" in out
+        assert "measured with Triton interpreter, triton y, torch x" in out  # each number's device and versions
     result = invoke("show", ids["wrong"][:8], "toyshow", "--no-source")
     assert result.exit_code == 0, result.output
     assert f"parent    {ids['base']}" in result.output and "wrong" in result.output

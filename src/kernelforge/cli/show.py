@@ -78,6 +78,7 @@ def found_databases() -> list[str]:
 
 def print_candidate(store, candidate_id: str, url: str, no_source: bool) -> None:
     """Print what ``store`` holds about one candidate."""
+    from kernelforge.report.format import env_title
     from kernelforge.result import format_seconds
 
     stored = store.candidate(candidate_id)
@@ -127,6 +128,9 @@ def print_candidate(store, candidate_id: str, url: str, no_source: bool) -> None
                 escape(r.message) if not r.ok else "",
             )
         console.print(table)
+        for env in {r.env_key: r.env for r in results}.values():  # each number with its device and versions
+            timing = f"; {env['timing']}" if env.get("timing") else ""
+            console.print(f"  measured with {env_title(env)}{timing}", markup=False, soft_wrap=True)
     else:
         console.print("  no results stored for this candidate")
     if not no_source:
