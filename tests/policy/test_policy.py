@@ -118,7 +118,7 @@ def test_banned_constructs_are_rejected_with_a_reason(snippet, fragment):
     assert not report.ok
     assert fragment in report.message(limit=20), report.message(limit=20)
     assert all(v.line > 0 for v in report.violations)
-    assert report.message().startswith("policy: line ")
+    assert report.message().startswith("policy: candidate line ")
 
 
 ALLOWED = [
@@ -159,4 +159,4 @@ def test_report_is_a_list_of_problems():
     """The LLM generator reads ``list(check_source(src))``: problem lines, empty when allowed."""
     assert list(check_source(PRELUDE)) == []
     problems = list(check_source(PRELUDE + "import os\ndef f():\n    return eval('1')\n"))
-    assert len(problems) == 2 and problems[0].startswith("line 6:") and "eval" in problems[1]
+    assert len(problems) == 2 and problems[0].startswith("candidate line 6:") and "eval" in problems[1]

@@ -13,7 +13,7 @@ class Violation:
     message: str
 
     def __str__(self) -> str:
-        return f"line {self.line}: {self.message}"
+        return f"candidate line {self.line}: {self.message}"  # of the rendered source (kernelforge render, show)
 
 
 @dataclass(frozen=True)
