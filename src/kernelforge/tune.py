@@ -114,13 +114,14 @@ def _configs(nodes: list[ast.expr], where: str) -> tuple[dict[str, Any], ...]:
     return tuple(configs)
 
 
-def _read(path: Path) -> ast.Module:
+def _read(path: Path) -> tuple[str, ast.Module]:
+    """FILE.py's text and its syntax tree; one line for a file that is not UTF-8 Python."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"{path}: cannot read it as UTF-8 Python ({exc})") from None
     try:
-        return ast.parse(text, filename=str(path))
+        return text, ast.parse(text, filename=str(path))
     except SyntaxError as exc:
         raise UserError(f"{path}:{exc.lineno}: {exc.msg}; kernelforge tune reads the file as Python") from None
 
@@ -158,8 +159,7 @@ def _closure(tree: ast.Module, roots: list[ast.stmt]) -> list[ast.stmt]:
 
 def parse(path: Path, kernel: str) -> TuneSource:
     """Read FILE.py (see the module docstring for what it must hold)."""
-    tree = _read(path)
-    text = path.read_text(encoding="utf-8")
+    text, tree = _read(path)
     defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
     names = set().union(*(_defined(n) for n in tree.body))
     missing = [n for n in (kernel, *REQUIRED) if n not in names]
