@@ -93,9 +93,9 @@ class Catalog:
 
     def listing(self, block_id: str) -> "BlockTemplates":
         """Every template file of a block's folder (but hidden ones, such as an editor's lock file):
-        those that load, baseline first (then by id), and each that does not with its error (a name that is not a Python identifier, as
-        ``kernelforge new`` asks, or any error of the file). Raises nothing for a broken file:
-        :meth:`templates` decides what a broken file stops."""
+        those that load, baseline first (then by id), and each that does not with its error (a
+        name that is not a Python identifier, as ``kernelforge new`` asks, or any error of the
+        file). Raises nothing for a broken file: :meth:`templates` decides what one stops."""
         self.block(block_id)
         loaded, broken = [], {}
         for path in sorted((self.root / block_id).glob(f"*{TEMPLATE_SUFFIX}")):
