@@ -207,18 +207,31 @@ def _extra_body(where: str, value: Any) -> tuple[tuple[str, Any], ...]:
     return tuple(value.items())
 
 
+#: An HTTP header name: RFC 9110's token characters.
+_HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+")
+
+
 def _headers(where: str, value: Any) -> tuple[tuple[str, str], ...]:
     typed(where, value, dict, 'a table of strings, e.g. [llm.headers] "X-Team" = "kernels"')
     for name, text in value.items():
         if name.lower() in RESERVED_HEADERS:
             raise UserError(f"{where}: {name!r} is set by the client; the key goes in the variable named by "
                             "api_key_env")
+        if not _HEADER_NAME.fullmatch(name):
+            raise UserError(f"{where}: {name!r} is not an HTTP header name (letters, digits and !#$%&'*+-.^_`|~, no "
+                            "spaces or colons), e.g. \"X-Team\"")
         # Never echo the value: it may be a secret.
         if not isinstance(text, str):
             raise UserError(f'{where} {name}: expected a string (or "${{NAME}}" to read it from $NAME)')
+        if any(c in text for c in "\r\n\x00"):
+            raise UserError(f"{where} {name}: a header value cannot hold a line break or a NUL character")
         reference = ENV_REFERENCE.fullmatch(text)
         if reference:
             register(os.environ.get(reference.group(1)))
+        elif "${" in text:
+            raise UserError(f'{where} {name}: "${{NAME}}" is read from $NAME only as the whole value (it is sent as '
+                            "written otherwise); put the whole value in the variable, e.g. "
+                            f'{name} = "${{MY_HEADER}}"')
     return tuple(value.items())
 
 

@@ -108,3 +108,15 @@ def test_cli_mistakes_are_one_line_with_the_table_name_visible(tmp_path):
     path.write_text(JOB)
     result = CliRunner().invoke(main, ["--kernels", str(FIXTURES), "search", str(path), "--llm", "ftp://x"])
     assert result.exit_code == 2 and "not an http(s) URL" in result.output
+
+
+def test_the_jobs_key_and_headers_never_go_to_another_host_unasked(tmp_path, capsys):
+    job = load(tmp_path, JOB + '[llm.headers]\nX-Secret = "${HDR}"\n')
+    assert job.llm.api_key_env == "MY_KEY" and job.llm.headers
+    same_host = _with_llm(job, "http://127.0.0.1:8000/other/v1", None, None)  # the same endpoint's host
+    assert same_host.llm.api_key_env == "MY_KEY" and same_host.llm.headers == job.llm.headers
+    elsewhere = _with_llm(job, "http://127.0.0.1:8780/v1", "local", None)
+    assert elsewhere.llm.api_key_env == "" and elsewhere.llm.headers == ()
+    assert "is another host than the job's [llm] endpoint" in capsys.readouterr().err
+    asked = _with_llm(job, "http://127.0.0.1:8780/v1", "local", "OTHER_KEY")
+    assert asked.llm.api_key_env == "OTHER_KEY"

@@ -31,6 +31,7 @@ from kernelforge.cli.search import search, strategy_bench
 from kernelforge.cli.signals import install_stop_signals, restore_stop_signals, stop_status
 from kernelforge.cli.show import show
 from kernelforge.cli.tune import tune
+from kernelforge.block import HarnessError
 from kernelforge.errors import StorageError, UserError
 from kernelforge.store.failures import storage_error
 from kernelforge.redact import redact, redact_standard_streams, register_environment
@@ -79,6 +80,10 @@ class OneLineErrors(click.Group):
             ctx.exit(1)
         except UserError as exc:
             _one_line(exc)
+            ctx.exit(2)
+        except HarnessError as exc:  # a block's own mistake (kernelforge.block): its author's to fix
+            _one_line(UserError(f"the block's check is unsound: {exc}; fix the block (its block.py: "
+                                "docs/block-contract.md)"))
             ctx.exit(2)
         except KeyboardInterrupt as exc:
             err_console.print("kernelforge: interrupted; everything measured is stored, rerun to continue")

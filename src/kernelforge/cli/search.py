@@ -110,6 +110,7 @@ def with_llm(job, mode: str | None, model: str | None, key_env: str | None):
     from dataclasses import replace
 
     from kernelforge.llm_spec import LLMSpec, check_base_url, parse_llm
+    from kernelforge.redact import redact_url
 
     if mode is None and model is None and key_env is None:
         return job
@@ -130,6 +131,14 @@ def with_llm(job, mode: str | None, model: str | None, key_env: str | None):
     # --llm URL / --llm-model NAME override the job's models with this one model.
     if mode is not None:
         check_base_url(mode, "--llm")
+        hosts = {_origin(url) for url in (spec.base_url, *(m.base_url for m in spec.models)) if url}
+        if key_env is None and hosts - {_origin(mode)} and (spec.api_key_env or spec.headers
+                                                             or any(m.api_key_env for m in spec.models)):
+            # The job's key and headers are for its own endpoint: never sent to another host unasked.
+            click.echo(f"note: --llm {redact_url(mode)} is another host than the job's [llm] endpoint: its key "
+                       "(api_key_env) and [llm.headers] are not sent there; pass --llm-key-env NAME to send a key",
+                       err=True)
+            spec = replace(spec, api_key_env="", headers=())
         spec = replace(spec, base_url=mode, models=())
     if model is not None:
         spec = replace(spec, model=model, models=())
@@ -139,6 +148,14 @@ def with_llm(job, mode: str | None, model: str | None, key_env: str | None):
     if not spec.model and not spec.models:
         raise UserError("--llm URL needs --llm-model NAME (or [llm] model in the job)")
     return replace(job, llm=spec)
+
+
+def _origin(url: str) -> tuple[str, str | None, int | None]:
+    """Where a URL's requests go: scheme, host and port (a path on the same host is the same endpoint)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return parts.scheme, parts.hostname, parts.port
 
 
 @click.command(name="strategy-bench")
