@@ -495,3 +495,29 @@ def test_a_joined_template_over_the_size_limit_is_refused_naming_the_header_file
     assert Template.from_file(folder / "wide.py.j2", "toy/axpy").body_of is None
     with pytest.raises(TemplateError, match=r"tied.py.j2: the template has \d+ characters, over the limit"):
         Template.from_file(folder / "tied.py.j2", "toy/axpy")
+
+
+def test_a_broken_block_stops_only_what_uses_it(tmp_path):
+    import shutil
+
+    from click.testing import CliRunner
+
+    from kernelforge.cli.main import main
+
+    shutil.copytree(FIXTURES / "toy", tmp_path / "toy")
+    router = tmp_path / "toy" / "router" / "block.py"
+    router.write_text(router.read_text() + "\nimport no_such_module_here\n")
+    catalog = Catalog.discover(tmp_path)
+    assert "toy/axpy" in catalog.blocks and "toy/router" not in catalog.blocks
+    assert catalog.baseline("toy/axpy").id == "toy/axpy/baseline"
+    with pytest.raises(UserError, match=r"router/block.py: importing it raised ModuleNotFoundError: No module named "
+                                        "'no_such_module_here'"):
+        catalog.block("toy/router")
+    result = CliRunner().invoke(main, ["--kernels", str(tmp_path), "blocks"])
+    assert result.exit_code == 1 and "toy/axpy" in result.output and "Traceback" not in result.output
+    assert "importing it raised ModuleNotFoundError" in " ".join(result.output.split())
+    # A block class that leaves an abstract method undefined is told which.
+    source = router.read_text().replace("\nimport no_such_module_here\n", "")
+    router.write_text(source.replace("    def counts(", "    def _not_counts("))
+    with pytest.raises(UserError, match="does not define counts, which every block defines"):
+        Catalog.discover(tmp_path).block("toy/router")

@@ -36,12 +36,18 @@ def _load_block(folder: Path, block_id: str) -> Block:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    classes = [
-        obj for obj in vars(module).values()
-        if inspect.isclass(obj) and issubclass(obj, Block) and obj is not Block
-        and obj.__module__ == module_name and not inspect.isabstract(obj)
-    ]
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001 - the block's own code: whatever it raises is its author's to fix
+        del sys.modules[module_name]
+        raise UserError(f"{path}: importing it raised {type(exc).__name__}: {exc}") from None
+    ours = [obj for obj in vars(module).values()
+            if inspect.isclass(obj) and issubclass(obj, Block) and obj is not Block and obj.__module__ == module_name]
+    classes = [obj for obj in ours if not inspect.isabstract(obj)]
+    if not classes and len(ours) == 1:
+        missing = ", ".join(sorted(ours[0].__abstractmethods__))
+        raise UserError(f"{path}: {ours[0].__name__} does not define {missing}, which every block defines "
+                        "(docs/block-contract.md)")
     if len(classes) != 1:
         raise UserError(f"{path}: must define exactly one concrete Block subclass, found {len(classes)}")
     return classes[0](block_id)
@@ -74,15 +80,31 @@ class Catalog:
         return f"kernelforge --kernels {self.root} {words}"
 
     @cached_property
-    def blocks(self) -> dict[str, Block]:
-        """Block id -> block, for every ``<family>/<name>/block.py`` under the root."""
+    def _found(self) -> tuple[dict[str, Block], dict[str, UserError]]:
         found: dict[str, Block] = {}
+        broken: dict[str, UserError] = {}
         for path in sorted(self.root.glob("*/*/block.py")):
             block_id = path.parent.relative_to(self.root).as_posix()
-            found[block_id] = _load_block(path.parent, block_id)
-        return found
+            try:
+                found[block_id] = _load_block(path.parent, block_id)
+            except UserError as exc:
+                broken[block_id] = exc
+        return found, broken
+
+    @property
+    def blocks(self) -> dict[str, Block]:
+        """Block id -> block, for every ``<family>/<name>/block.py`` under the root that loads (a
+        broken one stops only what uses it: :meth:`block` raises its error)."""
+        return self._found[0]
+
+    @property
+    def broken_blocks(self) -> Mapping[str, UserError]:
+        """Block id -> the error of each ``block.py`` that does not load."""
+        return self._found[1]
 
     def block(self, block_id: str) -> Block:
+        if block_id in self.broken_blocks:
+            raise self.broken_blocks[block_id]
         try:
             return self.blocks[block_id]
         except KeyError:

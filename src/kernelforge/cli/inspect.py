@@ -25,6 +25,16 @@ def blocks(ctx: click.Context) -> None:
     console.print(table)
     console.print("what serving engines run for each block, and the library line: kernelforge shipped [BLOCK]",
                   markup=False)
+    not_loaded(ctx, [str(error) for error in catalog.broken_blocks.values()], "blocks")
+
+
+def not_loaded(ctx: click.Context, problems: list[str], what: str) -> None:
+    """After a listing: each file that did not load with its error, and exit status 1 (none: nothing)."""
+    if problems:
+        console.print()
+        console.print(f"not loaded: every command that uses these {what} stops on them until they are fixed\n"
+                      + "\n".join(f"  {problem}" for problem in problems), markup=False)
+        ctx.exit(1)
 
 
 @click.command()
@@ -55,11 +65,8 @@ def templates(ctx: click.Context, block_id: str | None) -> None:
     problems = [str(error) for listing in listings for error in listing.broken.values()]
     problems += [problem for listing in listings if (problem := listing.baseline_problem())
                  and not listing.broken]  # with broken files, theirs are the errors to fix first
-    if problems:
-        console.print()
-        console.print("not loaded: every command that uses these templates stops on them until they are fixed\n"
-                      + "\n".join(f"  {problem}" for problem in problems), markup=False)
-        ctx.exit(1)
+    problems += [str(error) for error in catalog.broken_blocks.values()] if not block_id else []
+    not_loaded(ctx, problems, "templates")
 
 
 def space_lines(template) -> list[str]:
