@@ -286,6 +286,10 @@ def test_backup_copies_a_job_database_consistently(tmp_path):
                                 capture_output=True, text=True, timeout=300)
         assert astray.returncode == 2 and "folder no/such/folder does not exist" in " ".join(astray.stderr.split())
         assert not (tmp_path / "no").exists()
+        slash = subprocess.run([*CLI, "backup", str(job), "bk/"], cwd=tmp_path, capture_output=True, text=True,
+                               timeout=300)
+        assert slash.returncode == 2 and "folder bk does not exist" in " ".join(slash.stderr.split())
+        assert not (tmp_path / "bk").exists()  # not a file named bk
     finally:
         holder.rollback()
         holder.close()

@@ -18,7 +18,7 @@ def backup_sqlite(source: Path | None, destination: str | Path) -> Path:
     if source is None:
         raise UserError("kernelforge backup copies SQLite databases; back up a PostgreSQL database with pg_dump")
     target = Path(destination)
-    if target.is_dir():
+    if target.is_dir() or str(destination).endswith(("/", "\\")):  # "dest/" means a folder, there or not
         target = target / source.name
     if target.exists():
         raise UserError(f"{target} exists; give backup a new file name (it never overwrites)")
