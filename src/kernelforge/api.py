@@ -89,11 +89,11 @@ def _opened(job: str | Path | Job, catalog: Catalog | None) -> Job:
 
 def run(job: str | Path | Job, *, progress: Progress | None = None, catalog: Catalog | None = None,
         device: str | None = None, in_process: bool = False, compile_ahead: bool = True,
-        reconfirm: bool = False) -> Report:
+        reconfirm: bool = False, accept_block_change: bool = False) -> Report:
     """Run (or resume) the search of ``job`` as ``kernelforge search`` does, and return its report
     (:func:`results` once the search ends). ``progress`` receives the search's events (default:
-    none); ``device``, ``in_process``, ``compile_ahead`` (False: ``--no-compile``) and ``reconfirm`` are
-    the command line's options. A search stopped with Ctrl-C raises KeyboardInterrupt after
+    none); ``device``, ``in_process``, ``compile_ahead`` (False: ``--no-compile``), ``reconfirm`` and
+    ``accept_block_change`` are the command line's options. A search stopped with Ctrl-C raises KeyboardInterrupt after
     everything measured is stored; running again continues it."""
     from kernelforge.start import preflight, run_search
 
@@ -108,7 +108,7 @@ def run(job: str | Path | Job, *, progress: Progress | None = None, catalog: Cat
         preflight(job, device, store)
         events = progress or Progress()
         outcome = run_search(job, catalog, store, events, device_name=device, compile_enabled=compile_ahead,
-                             in_process=in_process, reconfirm=reconfirm)
+                             in_process=in_process, reconfirm=reconfirm, accept_block_change=accept_block_change)
         if outcome.stopped:
             raise KeyboardInterrupt(f"job {job.name} {outcome.reason}: everything measured is stored; "
                                     "run it again to continue")

@@ -7,7 +7,9 @@ The kernels folder is, in order: the ``root`` argument, ``$KERNELFORGE_KERNELS``
 
 from __future__ import annotations
 
+import ast
 import difflib
+import hashlib
 import importlib.util
 import inspect
 import os
@@ -51,6 +53,17 @@ def _load_block(folder: Path, block_id: str) -> Block:
     if len(classes) != 1:
         raise UserError(f"{path}: must define exactly one concrete Block subclass, found {len(classes)}")
     return classes[0](block_id)
+
+
+def _code(path: Path) -> str:
+    """A Python file's code without comments, docstrings and layout (its syntax tree, dumped)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
 
 
 def _suggest(name: str, options: list[str]) -> str:
@@ -112,6 +125,17 @@ class Catalog:
                 f"unknown block {block_id!r}{_suggest(block_id, list(self.blocks))}; "
                 f"`{self.command('blocks')}` lists them"
             ) from None
+
+    def judge(self, block_id: str) -> str:
+        """A hash of what judges the block's candidates: the code of every Python file of its folder
+        (``block.py`` and what it keeps beside it, such as ``library.py``), comments, docstrings and
+        layout left out, so an edit of the reference, inputs, shapes or tolerances changes it and
+        a reworded docstring does not. Templates are not in it: a candidate's id is its source's."""
+        self.block(block_id)
+        digest = hashlib.sha256()
+        for path in sorted((self.root / block_id).glob("*.py")):
+            digest.update(path.name.encode() + b"\0" + _code(path).encode() + b"\0")
+        return digest.hexdigest()[:16]
 
     def listing(self, block_id: str) -> "BlockTemplates":
         """Every template file of a block's folder (but hidden ones, such as an editor's lock file):

@@ -23,13 +23,13 @@ from kernelforge.store.store import Store
 
 def run_search(job: Job, catalog: Catalog, store: Store, progress: Progress, *, device_name: str | None = None,
                compile_enabled: bool = True, in_process: bool = False, reconfirm: bool = False,
-               pool=None) -> SearchOutcome:
+               accept_block_change: bool = False, pool=None) -> SearchOutcome:
     """Run (or resume) ``job``'s search as one of its workers; ``pool`` compiles ahead elsewhere
     (a Ray cluster's CPUs), else compiles run on this host."""
     return Search(job, catalog, store, progress, device_name=device_name, compile_enabled=compile_enabled,
                   in_process=in_process, compile_workers=compile_workers_from_env(), pool=pool,
                   proposer=for_job(job, store, progress), advisor=advice_for,
-                  reconfirm=reconfirm).run()
+                  reconfirm=reconfirm, accept_block_change=accept_block_change).run()
 
 
 def preflight(job: Job, device_name: str | None, store: Store | None, *, before_store: bool = False) -> None:

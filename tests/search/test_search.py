@@ -209,3 +209,28 @@ def test_a_replay_never_reads_its_own_database_nor_another_blocks_recording(tmp_
     with sqlite3.connect(recording) as conn:
         conn.execute("UPDATE kf_results SET shape = substr(shape, 7)")
     assert run_search(tmp_path, path)[3].evaluations == 3  # the right recording replays under the same job
+
+
+def test_a_changed_block_stops_the_search_before_its_stored_verdicts_answer(tmp_path):
+    import shutil
+
+    kernels = tmp_path / "kernels"
+    shutil.copytree(FIXTURES, kernels)
+    path = job_file(tmp_path, name="judged", strategy="grid", evaluations=3)
+    catalog = Catalog.discover(kernels)
+    job = load_job(path, catalog)
+    store = Store(f"sqlite:///{tmp_path / 'judged.db'}")
+    assert Search(job, catalog, store, Recorder(), compile_enabled=False).run().evaluations == 3
+    block = kernels / "toy" / "axpy" / "block.py"
+    text = block.read_text()
+    block.write_text(text.replace('"""', '"""A reworded docstring. ', 1) + "\n# a comment\n")  # no verdict changes
+    assert Search(job, Catalog.discover(kernels), store, Recorder(), compile_enabled=False).run().complete
+    block.write_text(text.replace("def reference(", "def reference_(", 1).replace(
+        "    def counts(", "    def reference(self, **inputs):\n        return 2 * self.reference_(**inputs)\n\n"
+        "    def counts(", 1))
+    with pytest.raises(UserError, match="block toy/axpy .* changed since job judged's results of it were stored"):
+        Search(job, Catalog.discover(kernels), store, Recorder(), compile_enabled=False).run()
+    accepted = Search(job, Catalog.discover(kernels), store, Recorder(), compile_enabled=False,
+                      accept_block_change=True).run()
+    assert accepted.complete  # recorded: the next run goes on without the flag
+    assert Search(job, Catalog.discover(kernels), store, Recorder(), compile_enabled=False).run().complete

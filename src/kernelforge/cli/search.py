@@ -40,6 +40,9 @@ from kernelforge.strategies.names import STRATEGY_NAMES
                    "stored, then exit without evaluating anything.")
 @click.option("--reconfirm", is_flag=True,
               help="Re-time the winners of a job that is already complete (a plain rerun changes nothing).")
+@click.option("--accept-block-change", is_flag=True,
+              help="A block's code changed since this job stored results of it, in a way that cannot alter a "
+                   "verdict (a new shape set, a comment): keep its stored verdicts (without it, the search stops).")
 @click.option("--warm-start", "warm_start", multiple=True, metavar="JOB|shapes",
               help="Ask first the best stored configurations of job JOB in the same storage (measured on any "
                    "device), or of the template's other shapes ('shapes'); repeatable or comma-separated; "
@@ -57,7 +60,7 @@ def search(ctx: click.Context, job_file: str, storage: str | None, device_name: 
            progress_mode: str | None, no_compile: bool, report: bool, llm_mode: str | None,
            llm_model: str | None, llm_key_env: str | None, in_process: bool = False, dry_run: bool = False,
            reconfirm: bool = False, warm_start: tuple[str, ...] = (), workers: int | None = None, gpus: str | None = None,
-           ray_address: str | None = None) -> None:
+           ray_address: str | None = None, accept_block_change: bool = False) -> None:
     """Run (or resume) the search described by JOB; rerunning continues where it stopped.
 
     JOB is a job file, or the name of a job under search/ (``demo`` is search/demo.toml).
@@ -94,7 +97,8 @@ def search(ctx: click.Context, job_file: str, storage: str | None, device_name: 
     install_stop_signals()  # again: Ray's init replaces the SIGTERM handler
     try:
         outcome = run_search(job, catalog, store, progress, device_name=device_name,
-                             compile_enabled=not no_compile, in_process=in_process, pool=pool, reconfirm=reconfirm)
+                             compile_enabled=not no_compile, in_process=in_process, pool=pool, reconfirm=reconfirm,
+                             accept_block_change=accept_block_change)
     finally:
         progress.close()
     store.verify()  # the summary names where the results are only once they are known to be there

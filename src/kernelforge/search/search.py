@@ -24,7 +24,7 @@ import time
 
 from kernelforge.catalog import Catalog
 from kernelforge.execute.executor import make_executor
-from kernelforge.errors import Terminated
+from kernelforge.errors import Terminated, UserError
 from kernelforge.sandbox.roles import sandbox_warning
 from kernelforge.job import Job
 from kernelforge.result import env_key
@@ -59,9 +59,10 @@ class Search:
     def __init__(self, job: Job, catalog: Catalog, store: Store, progress: Progress, *,
                  device_name: str | None = None, compile_workers: int = 1, compile_enabled: bool = True,
                  in_process: bool = False, proposer: Proposer | None = None, advisor: AdvisorFactory | None = None,
-                 reconfirm: bool = False,
+                 reconfirm: bool = False, accept_block_change: bool = False,
                  pool=None):
         self.job = job
+        self.accept_block_change = accept_block_change
         self.catalog = catalog
         self.store = store
         self.progress = progress
@@ -153,6 +154,7 @@ class Search:
         studies: list[Study] = []
         try:
             run = self.prepare()
+            self._check_judges()
             shares = Shares(run.ledger, alone=not run.ledger.live_workers())
             shares.warn = lambda message: self.progress.event("warning", message=message)
             shares.settle(lambda claim: all(
@@ -192,6 +194,23 @@ class Search:
             clean_up(first, [lambda: shares and shares.withdraw_all(studies), lambda: shares and shares.ledger.leave(),
                              lambda: self.lock and self.lock.release(), self.close])
         return outcome
+
+    def _check_judges(self) -> None:
+        """Before anything is answered from the store: each block's code must be the one its stored
+        verdicts were given under (:meth:`Catalog.judge`), else the search stops, saying which
+        block changed; ``accept_block_change`` (``--accept-block-change``) records the new one."""
+        for spec in self.job.blocks:
+            now = self.catalog.judge(spec.id)
+            before = self.store.judge_of(self.job.name, spec.id)
+            if before is not None and before != now and not self.accept_block_change:
+                raise UserError(
+                    f"block {spec.id} ({self.catalog.root / spec.id}) changed since job {self.job.name}'s results "
+                    "of it were stored: its reference, inputs, shapes or tolerances may differ, so the stored "
+                    "verdicts may not hold. Start afresh (kernelforge backup JOB, then give the search another "
+                    "--storage or job name), or, when the change cannot alter a verdict (a new shape set, a "
+                    "comment), rerun with --accept-block-change")
+            if before != now:
+                self.store.record_judge(self.job.name, spec.id, now)
 
     def _take_lead(self) -> None:
         """Become the lead if no live worker is (the job lock; a dead lead's is taken over)."""

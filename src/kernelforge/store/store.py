@@ -18,7 +18,8 @@ refused untouched), :mod:`~kernelforge.store.engine` (SQLite settings, write fai
 :mod:`~kernelforge.store.records` (what the queries return), :mod:`~kernelforge.store.llm_log`
 (the LLM call log), :mod:`~kernelforge.store.baseline_log` (the baseline's re-timings),
 :mod:`~kernelforge.store.ledger` (the workers of a job, their claims and
-shared budgets) and :mod:`~kernelforge.store.lock` (the lead worker's lock).
+shared budgets), :mod:`~kernelforge.store.lock` (the lead worker's lock) and
+:mod:`~kernelforge.store.judges` (the judge each job's verdicts of a block were given under).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from kernelforge.candidate import Candidate
 from kernelforge.redact import redact_data, register_url
 from kernelforge.result import StoredResult
 from kernelforge.baseline_timing import BaselineTiming
-from kernelforge.store import baseline_log, llm_log, llm_stats, lock
+from kernelforge.store import baseline_log, judges, llm_log, llm_stats, lock
 from kernelforge.store.llm_stats import ModelStats
 from kernelforge.errors import UserError
 from kernelforge.store.backup import backup_sqlite
@@ -272,6 +273,14 @@ class Store:
     def baseline_timings(self, block: str, dtype: str | None = None, env_key: str | None = None) -> list[BaselineTiming]:
         """The stored re-timings of ``block``'s baselines (of one dtype and environment), oldest first."""
         return baseline_log.baseline_timings(self.engine, block, dtype, env_key)
+
+    def judge_of(self, job: str, block: str) -> str | None:
+        """The judge hash ``job``'s stored verdicts of ``block`` were given under (None: not recorded)."""
+        return judges.judge_of(self.engine, job, block)
+
+    def record_judge(self, job: str, block: str, judge: str) -> None:
+        """Record the judge hash ``job``'s verdicts of ``block`` are given under (:mod:`.judges`)."""
+        judges.record_judge(self.engine, job, block, judge)
 
     # -- LLM templates and transcripts (kernelforge.store.llm_log) -----------------------------
 
