@@ -98,6 +98,8 @@ def test_llm_options_enable_override_replay_and_switch_off(tmp_path):
         _with_llm(plain, "http://localhost:1234/v1", None, None)
     with pytest.raises(UserError, match="no such job database"):
         _with_llm(plain, f"replay:{tmp_path / 'missing.db'}", None, None)
+    with pytest.raises(UserError, match="--llm replay:sqlite:///.*typo.db: no such job database"):
+        _with_llm(plain, f"replay:sqlite:///{tmp_path / 'typo.db'}", None, None)
 
 
 def test_cli_mistakes_are_one_line_with_the_table_name_visible(tmp_path):

@@ -122,11 +122,15 @@ def with_llm(job, mode: str | None, model: str | None, key_env: str | None):
         return replace(job, llm=None)
     spec = job.llm
     if mode is not None and (mode == "replay" or mode.startswith("replay:")):
+        from kernelforge.store.engine import sqlite_file
+
         source = mode.partition(":")[2]
         if source and "://" not in source:
-            if not Path(source).is_file():
-                raise UserError(f"--llm {mode}: no such job database; give the kernelforge.db of the search to replay")
             source = f"sqlite:///{source}"
+        recording = sqlite_file(source) if source else None
+        if recording is not None and not recording.is_file():
+            raise UserError(f"--llm {redact_url(mode)}: no such job database; give the kernelforge.db of the search "
+                            "to replay")
         return replace(job, llm=replace(spec or LLMSpec(), replay=source or job.storage_url))
     if spec is None:
         if mode is None:
