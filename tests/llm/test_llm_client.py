@@ -217,3 +217,14 @@ def test_the_weighted_choice_follows_the_weights_in_the_same_order_every_run():
     assert [WeightedChoice([1], seed=5).next() for _ in range(3)] == [0, 0, 0]
     with pytest.raises(ValueError):
         WeightedChoice([1, 0])
+
+
+def test_a_request_in_flight_is_cut_off_at_the_wall_time_budget():
+    import time
+
+    with ScriptedServer([Reply("too late", delay=4.0)]) as server:
+        c = OpenAIChatClient(base_url=server.base_url, model="scripted", api_key=KEY, timeout_s=60.0,
+                             max_retries=0, deadline=time.monotonic() + 1.0)
+        exchange = c.complete(MESSAGES)
+    assert [a.status for a in exchange.attempts] == ["request_timeout"] and not exchange.ok
+    assert "before the wall-time budget ran out" in exchange.attempts[0].error

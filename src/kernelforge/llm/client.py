@@ -31,6 +31,8 @@ from kernelforge.redact import redact, redact_data, register
 from kernelforge.textsafe import NOTE, cut
 
 #: Kinds of a failed attempt, and whether the generator retries it.
+#: The shortest wait a request is given, even with its budget about spent.
+MIN_WAIT_S = 1.0
 RETRYABLE = {"request_timeout", "rate_limited", "server_error", "unreachable", "bad_response"}
 FATAL = {"auth_error", "not_found"}
 #: What is sent as the key when there is none (a local server): the package requires one.
@@ -235,13 +237,21 @@ class OpenAIChatClient(ChatClient):
             return Attempt(number, status, time.monotonic() - start, http_status=http_status,
                            error=cut(redact(error)), retry_after_s=wait)
 
+        # A request waits at most timeout_s, and never past the generator's wall-time budget.
+        limit = self.timeout_s
+        if self.deadline is not None:
+            limit = max(MIN_WAIT_S, min(limit, self.deadline - start))
         try:
             # Every field but the model travels as extra_body: the package's keyword arguments do
             # not know a local server's fields, and the body must be exactly what is recorded.
             body = {k: v for k, v in params.items() if k != "model"}
             response = self._client.chat.completions.create(model=params["model"], messages=messages,
-                                                            extra_body=body, extra_headers=self._headers or None)
+                                                            extra_body=body, extra_headers=self._headers or None,
+                                                            timeout=limit)
         except openai.APITimeoutError:
+            if limit < self.timeout_s:
+                return failed("request_timeout", f"no response before the wall-time budget ran out ({limit:.0f} s "
+                                                 "left of [llm] max_minutes)")
             return failed("request_timeout", f"no response within {self.timeout_s:g} s (timeout_s)")
         except openai.APIConnectionError as exc:
             return failed("unreachable", f"cannot connect to {self.base_url}: {_cause(exc)}; "
