@@ -217,3 +217,25 @@ def test_vllm_export_of_a_winner_with_its_own_gemm2_configuration(tmp_path):
     assert up["64"] == {k: split.point[k] for k in VLLM_KEYS}
     assert down["64"] == {k: split.point[GEMM2_KEYS.get(k, k)] for k in VLLM_KEYS}
     assert down["64"]["BLOCK_SIZE_N"] != up["64"]["BLOCK_SIZE_N"]
+
+
+def test_a_shape_where_the_winner_was_measured_slower_ships_its_baseline(h200):
+    from dataclasses import replace
+
+    from kernelforge.job import load_job
+    from kernelforge.report.export.entry import shipped
+
+    job = load_job(h200["path"], h200["catalog"])
+    store = Store(f"sqlite:///{h200['folder'] / 'h200.db'}", create=False)
+    data = collect(job, h200["catalog"], store)
+    block = next(b for b in data.blocks if any(not r.winner_is_baseline for r in b.shapes))
+    row = next(r for r in block.shapes if not r.winner_is_baseline)
+    slower = replace(row, speedup=0.82, speedup_p20=0.79, speedup_p80=0.86, confirmed=True)
+    doctored = replace(data, blocks=tuple(replace(b, shapes=tuple(slower if r is row else r for r in b.shapes))
+                                          if b is block else b for b in data.blocks))
+    out, notes = shipped(doctored, store)
+    now = next(r for b in out.blocks if b.block == block.block for r in b.shapes if r.shape == row.shape)
+    assert now.winner == row.baseline and now.winner_is_baseline and now.params == row.baseline_params
+    assert notes == [f"{block.block} {row.shape}: the winner {row.winner} was measured slower than the shape's "
+                     "baseline (0.790-0.860x); exported the baseline there"]
+    assert shipped(data, store)[1] == [] and shipped(data, store)[0] == data  # nothing slower: nothing changes

@@ -1,13 +1,14 @@
 """What every export format shares: the provenance record of one exported (block, shape)
-(:class:`ExportEntry`, :func:`provenance`), module names of blocks (:func:`slug`) and the files of
-a block's distinct winners (:func:`winner_files`)."""
+(:class:`ExportEntry`, :func:`provenance`), module names of blocks (:func:`slug`), the files of
+a block's distinct winners (:func:`winner_files`), and the rule that ships a shape's baseline where
+the winner was measured slower on it (:func:`shipped`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from kernelforge.report.records import BlockReport, ShapeRow
+from kernelforge.report.records import BlockReport, Report, ShapeRow
 from kernelforge.store.store import Store
 
 
@@ -65,3 +66,26 @@ def winner_files(block: BlockReport, store: Store, files: dict[str, str]) -> lis
             files[name] = cand.source
         out.append((row, name))
     return out
+
+
+def shipped(data: Report, store: Store) -> tuple[Report, list[str]]:
+    """``data`` as an export ships it, and a note per change: a shape where one configuration
+    serves several (``tune = "all-shapes"``) and its winner was measured slower than the shape's
+    own baseline (the whole p20-p80 of its speedup below 1) ships that baseline, since it is what
+    is fastest there of what was measured. The report keeps the winner (it is the search's result)."""
+    notes, blocks = [], []
+    for block in data.blocks:
+        rows = []
+        for row in block.shapes:
+            slower = (not row.winner_is_baseline and row.speedup_p80 is not None and row.speedup_p80 < 1.0
+                      and row.baseline and store.candidate(row.baseline) is not None)
+            if slower:
+                notes.append(f"{block.block} {row.shape}: the winner {row.winner} was measured slower than the "
+                             f"shape's baseline ({row.speedup_p20:.3f}-{row.speedup_p80:.3f}x); exported the "
+                             "baseline there")
+                row = replace(row, winner=row.baseline, winner_is_baseline=True, params=dict(row.baseline_params),
+                              template=store.candidate(row.baseline).template, best_s=row.baseline_s,
+                              speedup=1.0, speedup_p20=None, speedup_p80=None, confirmed=False, significant=False)
+            rows.append(row)
+        blocks.append(replace(block, shapes=tuple(rows)))
+    return replace(data, blocks=tuple(blocks)), notes

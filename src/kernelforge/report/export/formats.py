@@ -27,7 +27,7 @@ from kernelforge.catalog import Catalog
 from kernelforge.errors import UserError
 from kernelforge.job import Job
 from kernelforge.report.collect import collect
-from kernelforge.report.export.entry import ExportEntry, provenance, slug, winner_files
+from kernelforge.report.export.entry import ExportEntry, provenance, shipped, slug, winner_files
 from kernelforge.report.export.triton_folder import triton_modules
 from kernelforge.report.export.vllm_configs import (GEMM2_KEYS, VLLM_KEYS, Layout, space_of, vllm_configs, vllm_device_name,
                                             vllm_file_name)
@@ -63,11 +63,11 @@ def export(job: Job, catalog: Catalog, store: Store, fmt: str, out: Path | None 
     if fmt != "vllm" and (layout != "vllm" or split_down):
         raise UserError("--layout and --split-down apply to --format vllm only")
     out = out or job.report_dir / "export"
-    data = collect(job, catalog, store)
-    notes: list[str] = []
+    data, notes = shipped(collect(job, catalog, store), store)
     texts: dict[str, str]
     if fmt == "vllm":
-        configs, notes, entries = vllm_configs(data, catalog, store, Layout(layout), split_down)
+        configs, skipped, entries = vllm_configs(data, catalog, store, Layout(layout), split_down)
+        notes += skipped
         texts = {name: json.dumps(cfg, indent=4) + "\n" for name, cfg in configs.items()}
     elif fmt == "triton":
         texts, entries = triton_modules(data, store, catalog)
