@@ -122,3 +122,16 @@ def test_the_users_shapes_and_import_errors_are_one_line_naming_the_file(tmp_pat
     prepared = prepare(f"{write(tmp_path, text)}::scale_add", tmp_path / "out", "interpret", "float16")
     with pytest.raises(UserError, match=message):
         Catalog.discover(prepared.kernels).block("tune/scale_add").shape_sets()
+
+
+def test_the_tuned_blocks_judge_follows_the_judges_part_of_the_file_only(tmp_path):
+    out = tmp_path / "out"
+
+    def judge(text: str) -> str:
+        kernels = prepare(f"{write(tmp_path, text)}::scale_add", out, "interpret", "float16").kernels
+        return Catalog.discover(kernels).judge("tune/scale_add")
+
+    first = judge(TEXT)
+    assert judge(TEXT.replace("mask = offs < n", "mask = offs < n  # the kernel edited")
+                 .replace("num_warps=8, num_stages=3", "num_warps=8, num_stages=4")) == first
+    assert judge(TEXT.replace("return alpha * x.float() + y.float()", "return alpha * x.float() - y.float()")) != first

@@ -127,15 +127,14 @@ class Catalog:
             ) from None
 
     def judge(self, block_id: str) -> str:
-        """A hash of what judges the block's candidates: the code of every Python file of its folder
-        (``block.py`` and what it keeps beside it, such as ``library.py``), comments, docstrings and
-        layout left out, so an edit of the reference, inputs, shapes or tolerances changes it and
-        a reworded docstring does not. Templates are not in it: a candidate's id is its source's."""
+        """A hash of what judges the block's candidates: the code of its ``block.py`` (the
+        reference, inputs, shapes, tolerances), comments, docstrings and layout left out, so such an
+        edit changes it and a reworded docstring does not. Templates are not in it (a candidate's id
+        is its source's), nor is a library line's ``library.py`` (its results are its own); a
+        generated block that reads another file (``kernelforge tune``'s) names that file's judge in
+        its ``block.py``."""
         self.block(block_id)
-        digest = hashlib.sha256()
-        for path in sorted((self.root / block_id).glob("*.py")):
-            digest.update(path.name.encode() + b"\0" + _code(path).encode() + b"\0")
-        return digest.hexdigest()[:16]
+        return hashlib.sha256(_code(self.root / block_id / "block.py").encode()).hexdigest()[:16]
 
     def listing(self, block_id: str) -> "BlockTemplates":
         """Every template file of a block's folder (but hidden ones, such as an editor's lock file):

@@ -251,6 +251,7 @@ from kernelforge.tune import UserFileBlock
 class Tuned(UserFileBlock):
     description = {description!r}
     origin_file = {file!r}
+    judged_by = {judge!r}  # the hash of the judge's part of {user} (kernelforge.catalog.Catalog.judge reads it here)
 '''
 
 
@@ -262,6 +263,9 @@ class UserFileBlock(Block):
     dtypes = ("float32", "float16", "bfloat16")
     #: The user's file this block's copy came from (its name, for messages).
     origin_file = USER_FILE
+    #: The hash of the judge's part of that file (:attr:`TuneSource.judge`), written into the
+    #: generated ``block.py`` so that the block's judge changes with it and only with it.
+    judged_by = ""
 
     @property
     def user(self) -> Any:
@@ -350,7 +354,7 @@ def prepare(target: str, out: Path, device: str, dtype: str, evaluations: int | 
     folder.mkdir(parents=True, exist_ok=True)
     kept_apart = _keep_apart(out, src.judge)
     shutil.copyfile(path, folder / USER_FILE)
-    (folder / "block.py").write_text(BLOCK_PY.format(file=path.name, kernel=kernel, user=USER_FILE,
+    (folder / "block.py").write_text(BLOCK_PY.format(file=path.name, kernel=kernel, user=USER_FILE, judge=src.judge,
                                                      description=f"{kernel} from {path.name}"), encoding="utf-8")
     (folder / "baseline.py.j2").write_text(template_text(src), encoding="utf-8")
     job = out / "tune.toml"
