@@ -203,12 +203,12 @@ class Search:
             now = self.catalog.judge(spec.id)
             before = self.store.judge_of(self.job.name, spec.id)
             if before is not None and before != now and not self.accept_block_change:
+                path = self.catalog.root / spec.id / "block.py"
                 raise UserError(
-                    f"block {spec.id} ({self.catalog.root / spec.id}) changed since job {self.job.name}'s results "
-                    "of it were stored: its reference, inputs, shapes or tolerances may differ, so the stored "
-                    "verdicts may not hold. Start afresh (kernelforge backup JOB, then give the search another "
-                    "--storage or job name), or, when the change cannot alter a verdict (a new shape set, a "
-                    "comment), rerun with --accept-block-change")
+                    f"block {spec.id} ({path}) changed since job {self.job.name}'s results of it were stored: its "
+                    "reference, inputs, shapes or tolerances may differ, so the stored verdicts may not hold. Start "
+                    "afresh (kernelforge backup JOB, then give the search another --storage or job name), or, when "
+                    "the change cannot alter a verdict (a new shape set), rerun with --accept-block-change")
             if before != now:
                 self.store.record_judge(self.job.name, spec.id, now)
 
