@@ -300,6 +300,8 @@ def is_value(value: Any) -> bool:
     array or table, and not ``nan`` or ``inf``."""
     if isinstance(value, float):
         return math.isfinite(value)
+    if isinstance(value, tuple):  # a space built in Python may pair values (TOML gives lists, refused)
+        return all(is_value(item) for item in value)
     return isinstance(value, (bool, int, str))
 
 

@@ -244,7 +244,7 @@ def test_the_job_file_field_is_validated(tmp_path):
     job = load_job(write_job(tmp_path, db, "ok", extra='warm_start = ["a-run", "shapes", "a-run"]'), catalog)
     assert job.strategy.warm_start == ("a-run", "shapes")
     assert load_job(write_job(tmp_path, db, "none"), catalog).strategy.warm_start == ()
-    with pytest.raises(UserError, match=r"\[strategy\] warm_start: expected a list of job names"):
+    with pytest.raises(UserError, match=r"\[strategy\] warm_start: expected a list, got 'a-run'; write \[\"a-run\"\]"):
         load_job(write_job(tmp_path, db, "bad", extra='warm_start = "a-run"'), catalog)
     with pytest.raises(UserError, match=r"\[strategy\] warm_start: 3 is not a job name"):
         load_job(write_job(tmp_path, db, "bad", extra="warm_start = [3]"), catalog)

@@ -21,8 +21,7 @@ from kernelforge.job import Tune
 def print_plan(job, catalog, *, device_name: str | None, compile_enabled: bool) -> None:
     """Print the plan of ``job`` (with the command line's overrides) and the stored results it
     would resume from, once the search's own checks (:func:`kernelforge.start.preflight`) found
-    nothing it would refuse; a database that exists but cannot be opened is refused too, as the
-    search would."""
+    nothing it would refuse (a database that cannot be opened is named on the storage line)."""
     from kernelforge.redact import redact, redact_url
     from kernelforge.search.plan import already_spent, llm_reserve, plan_studies
     from kernelforge.start import preflight
@@ -71,8 +70,6 @@ def print_plan(job, catalog, *, device_name: str | None, compile_enabled: bool) 
         if store:
             console.print(f"  stored: {stored_line(store, job, spec.id, [s.name for s in shapes])}",
                           markup=False, soft_wrap=True)
-    if store is None and why_not != NOTHING_YET:  # the plan is shown; the search would stop here
-        raise UserError(f"storage {redact_url(job.storage_url)} {why_not}")
 
 
 def target_line(job, compile_enabled: bool) -> str:
