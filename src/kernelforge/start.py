@@ -32,12 +32,15 @@ def run_search(job: Job, catalog: Catalog, store: Store, progress: Progress, *, 
                   reconfirm=reconfirm, accept_block_change=accept_block_change).run()
 
 
-def preflight(job: Job, device_name: str | None, store: Store | None, *, before_store: bool = False) -> None:
+def preflight(job: Job, device_name: str | None, store: Store | None, *, before_store: bool = False,
+              endpoint: bool = True) -> None:
     """What a search of ``job`` checks before it runs anything, one UserError each: the LLM's
-    endpoint and the device (``before_store``: before the database is created), then the warm
-    start's sources in ``store`` (None: no database yet)."""
+    endpoint (unless not ``endpoint``: a dry run shows a job whose endpoint a run's ``--llm`` gives)
+    and the device (``before_store``: before the database is created), then the warm start's
+    sources in ``store`` (None: no database yet)."""
     if before_store:
-        require_llm_endpoint(job)
+        if endpoint:
+            require_llm_endpoint(job)
         check_device(device_name or job.device, job.storage_url)
         return
     check_sources(store, job.name, job.strategy.warm_start)

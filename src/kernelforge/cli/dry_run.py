@@ -27,7 +27,7 @@ def print_plan(job, catalog, *, device_name: str | None, compile_enabled: bool) 
     from kernelforge.start import preflight
 
     planned = plan_studies(job, catalog)
-    preflight(job, device_name, None, before_store=True)
+    preflight(job, device_name, None, before_store=True, endpoint=False)  # --llm URL may give it at run time
     store, why_not = open_existing(job.storage_url)
     preflight(job, device_name, store)
 
