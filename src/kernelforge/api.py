@@ -95,6 +95,7 @@ def run(job: str | Path | Job, *, progress: Progress | None = None, catalog: Cat
     none); ``device``, ``in_process``, ``compile_ahead`` (False: ``--no-compile``), ``reconfirm`` and
     ``accept_block_change`` are the command line's options. A search stopped with Ctrl-C raises KeyboardInterrupt after
     everything measured is stored; running again continues it."""
+    from kernelforge.search.warm import check_sources
     from kernelforge.start import preflight, run_search
 
     catalog = catalog or default_catalog()
@@ -102,10 +103,10 @@ def run(job: str | Path | Job, *, progress: Progress | None = None, catalog: Cat
     if progress is not None and not isinstance(progress, Progress):
         raise UserError(f"run(progress={progress!r}): give a kernelforge.search.progress.Progress (it receives "
                         "the search's events) or None")
-    preflight(job, device, None, before_store=True)
+    preflight(job, device)
     store = Store(job.storage_url)
     try:
-        preflight(job, device, store)
+        check_sources(store, job.name, job.strategy.warm_start)
         events = progress or Progress()
         outcome = run_search(job, catalog, store, events, device_name=device, compile_enabled=compile_ahead,
                              in_process=in_process, reconfirm=reconfirm, accept_block_change=accept_block_change)

@@ -21,7 +21,7 @@ from typing import Collection, Mapping
 
 from kernelforge.block import Block
 from kernelforge.errors import UserError
-from kernelforge.template import TEMPLATE_SUFFIX, Template
+from kernelforge.template import TEMPLATE_SUFFIX, Template, template_name
 
 
 def default_kernels_root() -> Path:
@@ -147,7 +147,7 @@ class Catalog:
             if path.name.startswith("."):
                 continue  # an editor's lock or swap file (.#v1.py.j2), never a template
             try:
-                if not path.name[: -len(TEMPLATE_SUFFIX)].isidentifier():
+                if not template_name(path).isidentifier():
                     raise UserError(f"{path}: a template's name must be a Python identifier (letters, digits, _), "
                                     f"as its id {block_id}/NAME is; rename the file")
                 loaded.append(Template.from_file(path, block_id))
@@ -164,7 +164,7 @@ class Catalog:
         edited does not stop a command on the others."""
         listing = self.listing(block_id)
         for path, error in listing.broken.items():
-            if names is None or path.name[: -len(TEMPLATE_SUFFIX)] in names:
+            if names is None or template_name(path) in names:
                 raise error
         problem = listing.baseline_problem()
         if problem:
@@ -222,7 +222,7 @@ class BlockTemplates:
     @property
     def names(self) -> list[str]:
         """Every template's NAME (of BLOCK/NAME), loaded or not, sorted."""
-        return sorted([t.name for t in self.loaded] + [p.name[: -len(TEMPLATE_SUFFIX)] for p in self.broken])
+        return sorted([t.name for t in self.loaded] + [template_name(p) for p in self.broken])
 
     def baseline_problem(self) -> str | None:
         """Why the folder has no one baseline (role = "baseline") among the templates that load,

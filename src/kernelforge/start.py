@@ -3,8 +3,8 @@ the compile workers the environment asks for (``compile_workers_from_env``), the
 (none without an ``[llm]`` table) and its point adviser. The wiring of a run lives here, at the top,
 so that the search below never imports the LLM generator: it reaches it only through its seams
 (:class:`~kernelforge.search.proposer.Proposer`, :data:`~kernelforge.search.proposer.AdvisorFactory`). The callers open the store and
-report; this is the part they share, with :func:`preflight`: what a search checks before it runs
-anything (``--dry-run`` runs it too)."""
+report; this is the part they share, with :func:`preflight`: what a search checks before its database
+is created (``--dry-run`` runs it too)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from kernelforge.llm.proposer import for_job
 from kernelforge.search.evaluation_loop import SearchOutcome
 from kernelforge.search.search import Search
 from kernelforge.search.progress import Progress
-from kernelforge.search.warm import check_sources
 from kernelforge.store.store import Store
 
 
@@ -32,15 +31,11 @@ def run_search(job: Job, catalog: Catalog, store: Store, progress: Progress, *, 
                   reconfirm=reconfirm, accept_block_change=accept_block_change).run()
 
 
-def preflight(job: Job, device_name: str | None, store: Store | None, *, before_store: bool = False,
-              endpoint: bool = True) -> None:
-    """What a search of ``job`` checks before it runs anything, one UserError each: the LLM's
-    endpoint (unless not ``endpoint``: a dry run shows a job whose endpoint a run's ``--llm`` gives)
-    and the device (``before_store``: before the database is created), then the warm start's
-    sources in ``store`` (None: no database yet)."""
-    if before_store:
-        if endpoint:
-            require_llm_endpoint(job)
-        check_device(device_name or job.device, job.storage_url)
-        return
-    check_sources(store, job.name, job.strategy.warm_start)
+def preflight(job: Job, device_name: str | None, *, endpoint: bool = True) -> None:
+    """What a search of ``job`` checks before its database is created, one UserError each: the
+    LLM's endpoint (unless not ``endpoint``: a dry run shows a job whose endpoint a run's ``--llm``
+    gives) and the device. The warm start's sources are checked once the store is open
+    (:func:`kernelforge.search.warm.check_sources`)."""
+    if endpoint:
+        require_llm_endpoint(job)
+    check_device(device_name or job.device, job.storage_url)

@@ -69,6 +69,11 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 TEMPLATE_SUFFIX = ".py.j2"
+
+
+def template_name(path: Path) -> str:
+    """The NAME a template file gives its id BLOCK/NAME: its file name without ``.py.j2``."""
+    return path.name[: -len(TEMPLATE_SUFFIX)] if path.name.endswith(TEMPLATE_SUFFIX) else path.stem
 ROLES = ("baseline", "variant")
 ORIGINS = ("human", "llm")
 #: The keys ``[template]`` may set; any other key is refused with its name.
@@ -113,7 +118,7 @@ class Template:
     def from_file(cls, path: Path, block_id: str) -> "Template":
         """Parse ``path`` (a ``*.py.j2`` in the folder of ``block_id``). A header that names
         another template's body (``[template] body``) gets that file's body joined to it."""
-        name = path.name[: -len(TEMPLATE_SUFFIX)] if path.name.endswith(TEMPLATE_SUFFIX) else path.stem
+        name = template_name(path)
         text = _read(path)
         header = parse_header(text, str(path))
         info = header.get("template", {})

@@ -8,7 +8,6 @@ written.
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 from rich.markup import escape
 from rich.table import Table
@@ -24,12 +23,13 @@ def print_plan(job, catalog, *, device_name: str | None, compile_enabled: bool) 
     nothing it would refuse (a database that cannot be opened is named on the storage line)."""
     from kernelforge.redact import redact, redact_url
     from kernelforge.search.plan import already_spent, llm_reserve, plan_studies
+    from kernelforge.search.warm import check_sources
     from kernelforge.start import preflight
 
     planned = plan_studies(job, catalog)
-    preflight(job, device_name, None, before_store=True, endpoint=False)  # --llm URL may give it at run time
+    preflight(job, device_name, endpoint=False)  # --llm URL may give the endpoint at run time
     store, why_not = open_existing(job.storage_url)
-    preflight(job, device_name, store)
+    check_sources(store, job.name, job.strategy.warm_start)
 
     line = lambda label, value: console.print(redact(f"  {label:<10}{value}"), markup=False, soft_wrap=True)  # noqa: E731
     console.print(f"[bold]{escape(job.name)}[/] ({escape(str(job.path))}): dry run, nothing is evaluated")
@@ -92,7 +92,10 @@ def open_existing(url: str):
     from kernelforge.redact import redact, redact_url
     from kernelforge.store.store import Store
 
-    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
+    from kernelforge.store.engine import sqlite_file
+
+    path = sqlite_file(url)
+    if path is not None and not path.exists():
         return None, NOTHING_YET  # not an error for a new job: the search creates it
     try:
         return Store(url, create=False), ""

@@ -85,12 +85,13 @@ def search(ctx: click.Context, job_file: str, storage: str | None, device_name: 
     from kernelforge.report.write import write_report
     from kernelforge.search.progress import make_progress
     from kernelforge.compile.ray_pool import pool_from_environment
+    from kernelforge.search.warm import check_sources
     from kernelforge.start import preflight, run_search
     from kernelforge.store.store import Store
 
-    preflight(job, device_name, None, before_store=True)
+    preflight(job, device_name)
     store = Store(job.storage_url)
-    preflight(job, device_name, store)
+    check_sources(store, job.name, job.strategy.warm_start)  # an unknown source: one line, before anything runs
     mode = progress_mode or ("live" if sys.stdout.isatty() else "jsonl")
     progress = make_progress(mode)
     pool = None if no_compile else pool_from_environment()  # a --ray worker compiles on the cluster's CPUs

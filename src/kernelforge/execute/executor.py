@@ -107,11 +107,11 @@ def check_device(device_name: str, storage: str | None = None) -> None:
 
         require_visible(device_name)
         return
+    from kernelforge.execute.replay import require_recording
     from kernelforge.store.engine import sqlite_file
 
     path, _ = parse_replay(device_name)
-    if not Path(path).is_file():
-        raise UserError(f"replay:{path}: no such recording; give the path of a kernelforge.db of an earlier search")
+    require_recording(path)
     own = sqlite_file(storage) if storage else None
     if own is not None and own.resolve() == Path(path).resolve():
         raise UserError(f"device replay:{path} is the database this search stores into: a replay would store "

@@ -41,8 +41,7 @@ class ReplayExecutor:
         self.path = Path(path)
         self.wait = wait
         self.sleep = sleep
-        if not self.path.is_file():
-            raise UserError(f"replay:{path}: no such recording; give the path of a kernelforge.db of an earlier search")
+        require_recording(self.path)
         self.store = Store(f"sqlite:///{self.path}", create=False)
         self._env: dict[str, Any] | None = None
         self._index: dict[tuple[str, str, str], StoredResult] = {}
@@ -136,6 +135,12 @@ class ReplayExecutor:
 
     def close(self) -> None:
         self.store.close()
+
+
+def require_recording(path: str | Path) -> None:
+    """Raise UserError when ``path`` is no file to replay (said before anything is created)."""
+    if not Path(path).is_file():
+        raise UserError(f"replay:{path}: no such recording; give the path of a kernelforge.db of an earlier search")
 
 
 def _dtype_name(dtype) -> str:

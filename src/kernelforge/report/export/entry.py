@@ -78,13 +78,14 @@ def shipped(data: Report, store: Store) -> tuple[Report, list[str]]:
         rows = []
         for row in block.shapes:
             slower = (not row.winner_is_baseline and row.speedup_p80 is not None and row.speedup_p80 < 1.0
-                      and row.baseline and store.candidate(row.baseline) is not None)
-            if slower:
+                      and row.baseline)
+            baseline = store.candidate(row.baseline) if slower else None
+            if baseline is not None:
                 notes.append(f"{block.block} {row.shape}: the winner {row.winner} was measured slower than the "
                              f"shape's baseline ({row.speedup_p20:.3f}-{row.speedup_p80:.3f}x); exported the "
                              "baseline there")
                 row = replace(row, winner=row.baseline, winner_is_baseline=True, params=dict(row.baseline_params),
-                              template=store.candidate(row.baseline).template, best_s=row.baseline_s,
+                              template=baseline.template, best_s=row.baseline_s,
                               speedup=1.0, speedup_p20=None, speedup_p80=None, confirmed=False, significant=False)
             rows.append(row)
         blocks.append(replace(block, shapes=tuple(rows)))
