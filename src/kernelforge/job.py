@@ -51,6 +51,7 @@ from kernelforge.fields import typed as _typed
 from kernelforge.llm_spec import unknown_fields as _unknown
 from kernelforge.objective import Objective
 from kernelforge.redact import register_url
+from kernelforge.storage_url import sqlite_file
 from kernelforge.strategies.names import STRATEGIES, STRATEGY_NAMES
 
 if sys.version_info >= (3, 11):
@@ -138,10 +139,9 @@ class Job:
         replay = self.llm.replay if self.llm is not None else None
         if replay is None or not self.storage or self.storage in (replay, self._default_storage):
             return home
-        if self.storage.startswith("sqlite:///"):
-            db = Path(self.storage.removeprefix("sqlite:///").partition("?")[0])
-            if db.name and db != Path(":memory:"):
-                return db.parent / f"{db.stem}-report"
+        db = sqlite_file(self.storage)
+        if db is not None and db.name:
+            return db.parent / f"{db.stem}-report"
         return Path("reports") / f"{self.name}-replay"
 
     @property

@@ -73,7 +73,7 @@ def check_storage_folder(storage: str | None, option: str = "--storage") -> None
     """Refuse a ``--storage sqlite:///PATH`` (or the command's other ``option``) whose folder does not
     exist (a mistyped path must not create folders and run a whole search there). The job's default
     database folder is created."""
-    from kernelforge.store.engine import sqlite_file
+    from kernelforge.storage_url import sqlite_file
 
     path = sqlite_file(storage) if storage else None
     if path is None or path.parent.is_dir():

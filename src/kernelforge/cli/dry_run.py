@@ -92,7 +92,7 @@ def open_existing(url: str):
     from kernelforge.redact import redact, redact_url
     from kernelforge.store.store import Store
 
-    from kernelforge.store.engine import sqlite_file
+    from kernelforge.storage_url import sqlite_file
 
     path = sqlite_file(url)
     if path is not None and not path.exists():

@@ -123,7 +123,7 @@ def with_llm(job, mode: str | None, model: str | None, key_env: str | None):
         return replace(job, llm=None)
     spec = job.llm
     if mode is not None and (mode == "replay" or mode.startswith("replay:")):
-        from kernelforge.store.engine import sqlite_file
+        from kernelforge.storage_url import sqlite_file
 
         source = mode.partition(":")[2]
         if source and "://" not in source:

@@ -108,7 +108,7 @@ def check_device(device_name: str, storage: str | None = None) -> None:
         require_visible(device_name)
         return
     from kernelforge.execute.replay import require_recording
-    from kernelforge.store.engine import sqlite_file
+    from kernelforge.storage_url import sqlite_file
 
     path, _ = parse_replay(device_name)
     require_recording(path)

@@ -18,6 +18,7 @@ from sqlalchemy.engine import Engine
 from kernelforge.errors import UserError
 from kernelforge.redact import redact, redact_url
 from kernelforge.store.failures import storage_error
+from kernelforge.storage_url import sqlite_file
 
 def make_engine(url: str, create: bool) -> Engine:
     """An engine for ``url`` (a SQLite file's folder is created when ``create``); raises UserError
@@ -66,14 +67,6 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
-
-
-def sqlite_file(url: str) -> Path | None:
-    """The file of a SQLite URL (``sqlite:///PATH``); None for another database or one in memory."""
-    if not url.startswith("sqlite:///"):
-        return None
-    path = Path(url[len("sqlite:///"):].partition("?")[0])
-    return None if str(path) in ("", ":memory:", ".") else path
 
 
 def _prepare_sqlite_path(url: str, create: bool) -> None:

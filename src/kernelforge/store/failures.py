@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from pathlib import Path
 from typing import Callable, Iterable
 
 from kernelforge.errors import StorageError
 from kernelforge.redact import redact, redact_url
+from kernelforge.storage_url import sqlite_file
 
 #: Error texts (lower case) and what they mean: the first kind whose marker is in the text wins.
 KINDS = (
@@ -58,8 +58,8 @@ def note_url(url: str, witness: Callable[[], StorageError | None] | None = None)
 def where(url: str) -> str:
     """The database as a message names it: a SQLite file with its folder, else the URL without
     its password."""
-    if url.startswith("sqlite:///"):
-        path = Path(url[len("sqlite:///"):])
+    path = sqlite_file(url)
+    if path is not None:
         return f"{path} (folder {path.parent.resolve()})"
     return redact_url(url)
 
@@ -119,7 +119,7 @@ def failure(kind: str, url: str, words: str) -> StorageError:
         error = StorageError(f"the results database {place} stayed locked by another process for 30 s; {FIXES[kind]}")
     else:
         verb = {"damaged": "read", "lost": "reach", "io": "open"}.get(kind, "write")
-        fix = FIXES[kind].replace("FILE", url[len("sqlite:///"):] if url.startswith("sqlite:///") else "FILE")
+        fix = FIXES[kind].replace("FILE", str(sqlite_file(url) or "FILE"))
         error = StorageError(f"cannot {verb} the results database {place}: {redact(words)}; {fix}")
     error.kind = kind  # type: ignore[attr-defined]
     return error

@@ -15,6 +15,7 @@ from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError, Prog
 
 from kernelforge.errors import StorageError, UserError
 from kernelforge.redact import redact, redact_url
+from kernelforge.storage_url import sqlite_file
 from kernelforge.textsafe import DETAIL, cut
 
 SCHEMA_VERSION = 1
@@ -327,7 +328,7 @@ def check_integrity(engine: Engine, url: str) -> None:
     except (DatabaseError, OperationalError) as exc:
         problems = [str(exc.orig)]
     if problems and problems != ["ok"]:
-        path = url[len("sqlite:///"):]
+        path = sqlite_file(url) or redact_url(url)
         raise StorageError(
             f"the results database {path} is damaged ({cut(redact('; '.join(problems)), DETAIL)}); it was left untouched: "
             f"restore a backup (kernelforge backup JOB makes one) or recover what it holds with "

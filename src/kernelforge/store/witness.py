@@ -29,6 +29,7 @@ from sqlalchemy.engine import Engine
 
 from kernelforge.errors import StorageError
 from kernelforge.redact import redact_url
+from kernelforge.storage_url import sqlite_file
 
 #: The kf_meta key of a database's instance token (written once, on first open).
 INSTANCE_KEY = "instance"
@@ -69,9 +70,9 @@ class Witness:
     def attach(cls, url: str, engine: Engine) -> "Witness":
         witness = cls(url, engine)
         if engine.dialect.name == "sqlite":
-            path = url[len("sqlite:///"):] if url.startswith("sqlite:///") else ""
-            if path and path != ":memory:" and not path.startswith("file:"):
-                witness._watch_file(Path(path))
+            path = sqlite_file(url)
+            if path is not None:
+                witness._watch_file(path)
         else:
             witness.token = instance_token(engine)
             sa.event.listen(engine, "connect", witness._check_connection)

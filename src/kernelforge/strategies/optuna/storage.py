@@ -11,6 +11,8 @@ import fcntl
 import time
 from typing import Any, Iterator
 
+from kernelforge.storage_url import sqlite_file
+
 #: Tries at opening a shared storage (see :func:`shared_storage`).
 STORAGE_ATTEMPTS = 5
 
@@ -37,12 +39,12 @@ def trial_write_lock(storage: Any) -> Iterator[None]:
     (``sqlite:///PATH``, the workers of one host) is locked with ``flock`` on ``PATH.optuna-lock``
     beside it; other storages are not locked here (two writes of one point need two workers telling
     it within the same moment)."""
-    url = str(getattr(storage, "url", storage or ""))
-    if not url.startswith("sqlite:///") or url == "sqlite:///:memory:":
+    path = sqlite_file(str(getattr(storage, "url", storage or "")))
+    if path is None:
         yield
         return
     try:
-        lock = open(url[len("sqlite:///"):] + ".optuna-lock", "a")
+        lock = open(f"{path}.optuna-lock", "a")
     except OSError:  # a read-only folder: the write itself fails next, on the storage-failure path
         yield
         return
