@@ -58,11 +58,24 @@ def test_a_secret_is_masked_whole_wherever_it_appears_and_in_its_escaped_forms()
     assert r("nothing here") == "nothing here" and r(None) is None and r(42) == 42
 
 
-def test_the_longest_secret_wins_and_short_values_are_not_registered():
+def test_the_longest_secret_wins_and_very_short_values_are_not_registered():
     r = Redactor("abcdef", "abcdef-longer")
     assert r("x abcdef-longer y abcdef") == f"x {MASK} y {MASK}"
-    short = Redactor("abc")
-    assert len(short) == 0 and short("abc") == "abc"
+    tiny = Redactor("ab")
+    assert len(tiny) == 0 and tiny("ab") == "ab"
+
+
+def test_a_short_secret_is_masked_where_it_stands_as_a_word():
+    """A five-character database password is still a secret: masked as a whole word (in a
+    message, a URL, a quoted value), never inside a longer word, which it would blank out."""
+    r = Redactor("pw9x2")
+    assert r("password pw9x2 refused") == f"password {MASK} refused"
+    assert r("postgresql://kf:pw9x2@db/kf") == f"postgresql://kf:{MASK}@db/kf"
+    assert r("'pw9x2'") == f"'{MASK}'" and r("pw9x2") == MASK
+    assert r("apw9x2b and pw9x2s") == "apw9x2b and pw9x2s"
+    assert r.redact_data({"k": ["pw9x2"]}) == {"k": [MASK]}
+    long_and_short = Redactor("pw9x2", "a-long-secret-value")
+    assert long_and_short("pw9x2 a-long-secret-value") == f"{MASK} {MASK}"
 
 
 def test_a_text_cut_short_loses_the_piece_of_a_secret_at_its_edge():

@@ -20,8 +20,10 @@ base64 text), each also of the reversed value. Storage URLs are shown through :f
 (user and password masked).
 
 The registry is process-wide on purpose: one place for the decision, and nothing to thread
-through every call (:data:`SECRETS`; a separate :class:`Redactor` serves tests). Secrets shorter
-than :data:`MIN_LENGTH` characters are not registered: they would blank out ordinary text.
+through every call (:data:`SECRETS`; a separate :class:`Redactor` serves tests). A secret shorter
+than :data:`MIN_LENGTH` characters (a short database password) is masked only where it stands as a
+whole word, as written, never inside a longer word or in its other forms: those would blank out
+ordinary text. One shorter than :data:`MIN_TOKEN` is not registered.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ from typing import Any, Iterable, Mapping, TextIO
 from urllib.parse import parse_qsl, quote, quote_plus, unquote, urlsplit
 
 MIN_LENGTH = 6
+#: The shortest secret masked at all (as a whole word only, below :data:`MIN_LENGTH`).
+MIN_TOKEN = 3
 MASK = "***"
 #: Environment variable names that hold secrets (matched case-insensitively anywhere in the name).
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.IGNORECASE)
@@ -111,12 +115,18 @@ class Redactor:
         self._skeletons: frozenset[str] = frozenset()
         self._ordered: tuple[str, ...] = ()
         self._pattern: re.Pattern[str] | None = None
+        self._words: set[str] = set()
+        self._word_pattern: re.Pattern[str] | None = None
         for secret in secrets:
             self.register(secret)
 
     def register(self, value: str | None) -> None:
-        """Never show ``value`` again (no-op for a non-string, an empty or a very short value)."""
-        if not isinstance(value, str) or len(value) < MIN_LENGTH:
+        """Never show ``value`` again (no-op for a non-string or one shorter than :data:`MIN_TOKEN`;
+        one shorter than :data:`MIN_LENGTH` is masked as a whole word)."""
+        if not isinstance(value, str) or len(value) < MIN_TOKEN:
+            return
+        if len(value) < MIN_LENGTH:
+            self._register_word(value)
             return
         forms, spaced = _forms(value), _spaced(value)
         with self._lock:
@@ -133,6 +143,14 @@ class Redactor:
             alternatives = [re.escape(s) for s in self._ordered] + sorted(self._spaced, key=len, reverse=True)
             self._pattern = re.compile("|".join(alternatives), re.IGNORECASE)
 
+    def _register_word(self, value: str) -> None:
+        with self._lock:
+            if value in self._words:
+                return
+            self._words.add(value)
+            words = "|".join(re.escape(w) for w in sorted(self._words, key=len, reverse=True))
+            self._word_pattern = re.compile(f"(?<![A-Za-z0-9])(?:{words})(?![A-Za-z0-9])")
+
     def redact(self, text: Any) -> Any:
         """``text`` with every registered secret masked; anything but a plain string (or a str
         enum member: a code constant) is returned unchanged, and so is a string holding none.
@@ -141,11 +159,12 @@ class Redactor:
         start of a secret or begin with its end: such a piece of at least :data:`MIN_LENGTH`
         characters at either edge is masked too.
         """
-        pattern = self._pattern
-        if pattern is None or not isinstance(text, str) or isinstance(text, Enum):
+        pattern, words = self._pattern, self._word_pattern
+        if (pattern is None and words is None) or not isinstance(text, str) or isinstance(text, Enum):
             return text
-        masked = pattern.sub(MASK, text) if self._present(text) else text
-        return self._mask_edges(masked)
+        if pattern is not None:
+            text = self._mask_edges(pattern.sub(MASK, text) if self._present(text) else text)
+        return words.sub(MASK, text) if words is not None else text
 
     def _present(self, text: str) -> bool:
         """Whether ``text`` may hold a registered form: plain substring searches of its lower-case
@@ -183,7 +202,7 @@ class Redactor:
     def redact_data(self, value: Any) -> Any:
         """``value`` with secrets masked inside the strings of nested dicts (keys too), lists,
         tuples, sets and dataclass instances (a copy; ``value`` itself is not changed)."""
-        if self._pattern is None:
+        if self._pattern is None and self._word_pattern is None:
             return value
         if isinstance(value, str):
             return self.redact(value)
@@ -198,7 +217,7 @@ class Redactor:
         return value
 
     def __len__(self) -> int:
-        return len(self._secrets)
+        return len(self._secrets) + len(self._words)
 
 
 def _is_namedtuple(value: Any) -> bool:
@@ -210,7 +229,7 @@ SECRETS = Redactor()
 
 
 def register(value: str | None) -> None:
-    """Never show ``value`` again, anywhere in this process (no-op for empty or short values)."""
+    """Never show ``value`` again, anywhere in this process (a short value as a whole word only)."""
     SECRETS.register(value)
 
 
