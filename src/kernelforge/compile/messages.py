@@ -17,6 +17,11 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 
+def syntax_error_text(exc: SyntaxError) -> str:
+    """A candidate source's syntax error as its compile report says it (the line and the reason)."""
+    return f"candidate source has a syntax error at line {exc.lineno}: {exc.msg}"
+
+
 def first_lines(text: str, limit: int = 12, chars: int = 1500) -> str:
     """The first ``limit`` non-blank lines of ``text`` (and how many more there were), at most
     ``chars`` characters."""

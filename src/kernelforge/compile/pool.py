@@ -12,6 +12,7 @@ not see the flag.
 
 from __future__ import annotations
 
+import ast
 import concurrent.futures as cf
 import os
 import signal
@@ -22,6 +23,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, Callable
 
+from kernelforge.compile.messages import syntax_error_text
 from kernelforge.compile.resources import CompileReport
 from kernelforge.compile.spawning import spawn_context
 from kernelforge.compile.step import compile_here, prepare_compiler_process
@@ -270,14 +272,24 @@ def compile_workers_from_env(default: int = 1) -> int:
 
 
 def refused_compile(source: str, target: str | None) -> cf.Future | None:
-    """A finished Future of the ``rejected`` report of a source the static policy refuses (the
-    compile pools' wall: :func:`kernelforge.policy.wall.refusal`), or None when it may compile."""
+    """A finished Future of the report of a source the static policy refuses (the compile pools'
+    wall: :func:`kernelforge.policy.wall.refusal`), or None when it may compile. A source that is
+    not Python is the ``compile_error`` it would be in the compiler, with its line: ``rejected``
+    here would read as a configuration over the target's limits, which costs a search nothing
+    (:func:`kernelforge.result.resource_rejected`)."""
     from kernelforge.policy.wall import refusal
 
     why = refusal(source)
     if why is None:
         return None
+    status, message = Status.REJECTED, why
+    try:
+        ast.parse(source)
+    except SyntaxError as exc:
+        status, message = Status.COMPILE_ERROR, syntax_error_text(exc)
+    except (ValueError, RecursionError, MemoryError):
+        pass
     future: cf.Future = cf.Future()
     future.set_result(CompileReport.failed(parse_target(target if target is not None else default_target()).name,
-                                           "rejected", why))
+                                           status, message))
     return future

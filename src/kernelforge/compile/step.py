@@ -13,7 +13,7 @@ import os
 import time
 from pathlib import Path
 
-from kernelforge.compile.messages import captured_output, error_text, first_lines, where_in
+from kernelforge.compile.messages import captured_output, error_text, first_lines, syntax_error_text, where_in
 from kernelforge.compile.resources import CompileReport, KernelResources, kernel_resources, limit_problems
 from kernelforge.compile.specialise import BindError, compile_specialization, recording_launches
 from kernelforge.targets import parse_target
@@ -70,7 +70,7 @@ def compile_here(source: str, block_id: str, kernels_root: str | Path, dtype_nam
     try:
         module = load_module(source, name_hint=block_id)
     except SyntaxError as exc:
-        return failed(Status.COMPILE_ERROR, f"candidate source has a syntax error at line {exc.lineno}: {exc.msg}")
+        return failed(Status.COMPILE_ERROR, syntax_error_text(exc))
     except Exception as exc:
         return failed(Status.COMPILE_ERROR, f"candidate module failed to import: {error_text(exc)}")
     path = getattr(module, "__file__", None)
