@@ -249,18 +249,53 @@ def test_faster_than_the_roofline_is_reverified_and_flagged():
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2])
 def test_every_floating_input_changes_before_each_timed_call(dtype):
-    """The value cache defense (touch_inputs) changes one element of every floating-point input,
-    fp8 weights included (torch cannot negate them on the CPU: the sign bit is flipped instead),
-    a different element on each call, and leaves integer inputs alone."""
+    """The value cache defense (touch_inputs) negates a random half of every floating-point input
+    (fp8 weights included: the sign bit is flipped), a new half at each preparation, so two
+    consecutive calls differ in about half of every input (a cache that updates what changed does
+    the work again); the values after preparation k depend on k and the seed alone (undoing the
+    previous preparation's flips), and integer inputs are left alone."""
     from kernelforge.execute.timing.calls import touch_inputs
 
-    w = (torch.arange(64, dtype=torch.float32) / 8 + 0.5).to(dtype)
+    generated = (torch.arange(4096, dtype=torch.float32) / 512 + 0.5).to(dtype)
+    w = generated.clone()
     ids = torch.arange(64, dtype=torch.int32)
-    seen = set()
+    seed = 12345
+    previous, before = None, w.clone()
     for call in range(3):
-        previous = w.clone()
-        touch_inputs({"w": w, "ids": ids}, call)
-        [changed] = (w.float() != previous.float()).nonzero().flatten().tolist()
-        assert w[changed].float() == -previous[changed].float()
-        seen.add(changed)
-    assert len(seen) == 3 and torch.equal(ids, torch.arange(64, dtype=torch.int32))
+        touch_inputs({"w": w, "ids": ids}, call, seed, undo=previous)
+        changed = (w.float() != before.float())
+        assert 0.4 < changed.float().mean() < 0.6, "about half of the input changes between two calls"
+        assert torch.equal(w.float().abs(), generated.float().abs()), "only signs change"
+        alone = generated.clone()
+        touch_inputs({"w": alone}, call, seed)
+        assert torch.equal(w.view(torch.uint8), alone.view(torch.uint8)), "the values of preparation k alone"
+        previous, before = call, w.clone()
+    other = generated.clone()
+    touch_inputs({"w": other}, 2, seed + 1)
+    assert not torch.equal(other.view(torch.uint8), w.view(torch.uint8)), "another seed, other signs"
+    assert torch.equal(ids, torch.arange(64, dtype=torch.int32))
+
+
+def test_a_cache_that_updates_what_changed_since_its_last_call_does_all_the_work_again():
+    """``incremental_cache`` keeps A, B and C = A @ B of its last call per pointer, finds the
+    elements of A and B that changed with a diff kernel, and when one of each changed (what the
+    preparation of a timed call used to change) updates one row and one column of C: O(MN) work
+    per call instead of O(MNK), every result right. The preparation now negates a random half of
+    every input, so the update path never runs after the verification call that repeats the same
+    inputs (one hit)."""
+    source, block_id = candidate_from_file("incremental_cache", "demo/matmul")
+    block = catalog_for(block_id).block(block_id)
+    executor = InProcessExecutor(InterpretDevice(), policy=True)  # in-process: its hit counter is readable
+    executor.prepare()
+    [ev] = executor.evaluate(block, source, block.shapes("smoke"), torch.float16)
+    hits = sys.modules[f"kernelforge_candidate_{block_id.replace('/', '_')}_{source_id(source)}"]._INCREMENTAL[0]
+    assert ev.status is Status.OK, ev.verification.message  # it is a correct kernel...
+    assert hits <= 1, f"...whose incremental path served {hits} calls"
+
+
+def candidate_from_file(name: str, block_id: str) -> tuple[str, str]:
+    """(source, block id) of a candidate file under tests/adversarial/<block>/ not listed in
+    expected.toml (its test asserts more than a status)."""
+    text = (ADVERSARIAL / block_id / f"{name}.py.j2").read_text(encoding="utf-8")
+    template = Template.from_text(text, template_id=f"{block_id}/{name}", block_id=block_id, where=name)
+    return Candidate.from_template(template).source, block_id

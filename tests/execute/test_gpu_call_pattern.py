@@ -32,6 +32,7 @@ class GpuPattern(Device):
 
     name = "gpu-pattern"
     torch_device = "cpu"
+    prepares_every_call = False
 
     def __init__(self, graph: bool):
         self.warmup, self.graph, self.count = 3, graph, 0
@@ -59,8 +60,10 @@ class GpuPattern(Device):
                 self._prepare(before)
             for i in range(max(len(calls), 4)):
                 calls[i % len(calls)]()
-        for i in range(3):  # the energy round: no preparation at all
+        self.host_clock = True
+        for i in range(3):  # the energy round: no preparation at all, timed on the host's clock
             calls[i % len(calls)]()
+        self.host_clock = False
         return Timing(1e-6, 1e-6, 1e-6, 5, "cuda-events", "a GPU's call pattern on the CPU",
                       extra={"event_wall_mismatch": False, "drain_s": 0.0})
 
@@ -88,13 +91,41 @@ def test_an_honest_candidate_passes_a_gpu_call_pattern(graph):
 
 
 @pytest.mark.parametrize("graph", [False, True])
-def test_a_candidate_that_skips_one_call_of_a_timed_loop_is_wrong_with_the_call_named(graph):
+def test_a_candidate_that_skips_one_call_of_a_timed_loop_is_wrong_with_the_call_named(graph, monkeypatch):
+    monkeypatch.setattr("kernelforge.execute.timing.rounds.WATCHED_SHARE", 0.0)  # the unwritten count alone
     device = GpuPattern(graph)
     device.prepare()
     # 3 verification calls, then the round: 3 warm-up calls, and the 2nd call of the timed loop.
     [ev] = evaluate(AXPY, _skipping(3 + 3 + 2), AXPY.shapes("smoke")[:1], torch.float16, device)
     assert ev.status is Status.WRONG, ev.verification.message
     assert "(timed call 5 of" in ev.verification.message and "left unwritten" in ev.verification.message
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_a_timed_call_drawn_for_the_guard_is_a_verification_call(graph, monkeypatch):
+    """With every prepared call drawn (the share at 1), the skipped call is caught by the guard
+    itself: no Triton kernel was launched, the call named."""
+    monkeypatch.setattr("kernelforge.execute.timing.rounds.WATCHED_SHARE", 1.0)
+    device = GpuPattern(graph)
+    device.prepare()
+    [ev] = evaluate(AXPY, _skipping(3 + 3 + 2), AXPY.shapes("smoke")[:1], torch.float16, device)
+    assert ev.status is Status.REJECTED and "timed call 5: no Triton kernel was launched" in ev.verification.message
+
+
+def test_the_calls_a_graph_captures_are_guarded_whatever_the_draw(monkeypatch):
+    """A CUDA graph replays what its capture launched and never runs the host code again: a
+    candidate that computes with torch only in the calls made without a preparation of their own
+    (the capture) is caught there, though no prepared call was drawn."""
+    monkeypatch.setattr("kernelforge.execute.timing.rounds.WATCHED_SHARE", 0.0)
+    device = GpuPattern(True)
+    device.prepare()
+    # 3 verification calls, 3 warm-up, 5 timed; the capture's calls come after (the 12th on).
+    torch_late = HONEST.replace(
+        "def run(x, y, alpha, out):\n    n = x.numel()\n",
+        "_CALLS = [0]\n\n\ndef run(x, y, alpha, out):\n    _CALLS[0] += 1\n    n = x.numel()\n"
+        "    if _CALLS[0] >= 12:\n        out.copy_(x * alpha + y)\n")  # then the honest launch as well
+    [ev] = evaluate(AXPY, torch_late, AXPY.shapes("smoke")[:1], torch.float16, device)
+    assert ev.status is Status.REJECTED and "host code computed with torch" in ev.verification.message
 
 
 def test_confirmation_verifies_the_candidate_on_its_own_held_out_draw():

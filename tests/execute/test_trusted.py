@@ -75,6 +75,9 @@ import torch
 
 
 class _NoWatch:
+    def __init__(self, *args):
+        pass
+
     violation = None
     depth = 0
 

@@ -40,6 +40,12 @@ candidate on. Its contract, which every device keeps:
       whether ``time`` runs ``before(i)`` right before call ``i`` in every phase on one input
       set, so that every call of a round can be verified (a GPU's timed loops and graph replays
       do not);
+  ``host_clock``
+      True while ``time`` measures calls on the host's clock where a few microseconds of host
+      work per call would move the figure (a GPU's launch overhead, its energy round): the
+      harness then runs the calls without the checks it makes on a drawn share of the others
+      (:mod:`kernelforge.execute.timing.calls`). False on a device whose every figure is host
+      time anyway (the interpreter);
   ``round_preparations(n_sets)``
       the most preparations (``before`` calls) one ``time`` round makes on ``n_sets`` input sets:
       the harness copies aside the results of every call of a round (within a memory budget) and
@@ -107,6 +113,7 @@ class Device(ABC):
     address_space_limit: bool = True
     rotates_input_sets: bool = False
     prepares_every_call: bool = True
+    host_clock: bool = False
 
     def round_preparations(self, n_sets: int) -> int:
         """The most times :meth:`time` runs ``before`` in one round on ``n_sets`` input sets (see

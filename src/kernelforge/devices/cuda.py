@@ -260,14 +260,18 @@ class CudaDevice(Device):
         """Host seconds to enqueue one call while the GPU is busy (so the enqueue never waits on
         it): the launch overhead a call pays wherever it is not captured in a CUDA graph."""
         samples = []
-        for i in range(count):
-            self._prepare_call()
-            self.synchronize()
-            self._spin(BACKLOG_MAX_S)
-            start = time.perf_counter()
-            calls[i % len(calls)]()
-            samples.append(time.perf_counter() - start)
-            self.synchronize()
+        self.host_clock = True
+        try:
+            for i in range(count):
+                self._prepare_call()
+                self.synchronize()
+                self._spin(BACKLOG_MAX_S)
+                start = time.perf_counter()
+                calls[i % len(calls)]()
+                samples.append(time.perf_counter() - start)
+                self.synchronize()
+        finally:
+            self.host_clock = False
         return samples
 
     def _event_samples(self, calls: Sequence[Call], count: int, flush: bool) -> list[float]:
@@ -332,7 +336,11 @@ class CudaDevice(Device):
         counter updates in coarse steps, so shorter rounds read zero), and where the figure comes
         from or why there is none (:func:`kernelforge.devices.nvml.energy_per_call`)."""
         count = int(min(max(50, math.ceil(0.5 / max(median_s, 1e-7))), 200_000))
-        return energy_per_call(self._nvml, lambda i: calls[i % len(calls)](), count, self.synchronize)
+        self.host_clock = True
+        try:
+            return energy_per_call(self._nvml, lambda i: calls[i % len(calls)](), count, self.synchronize)
+        finally:
+            self.host_clock = False
 
     def describe(self) -> dict[str, Any]:
         props = torch.cuda.get_device_properties(self.index)

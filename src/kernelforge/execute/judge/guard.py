@@ -4,10 +4,13 @@
 :func:`run_call` runs ``run(**args)`` once and then requires that a Triton kernel was launched (no
 torch fallback); that every tensor the candidate writes (outputs and in-place inputs) is still the
 same tensor (exact type, pointer, shape, strides, dtype, device); that no thread is left running;
-and that the host code did not compute with torch on floating-point tensors (a
-``TorchDispatchMode`` watches every torch operation outside Triton launches: allocation, copies,
-views and integer index arithmetic are allowed, ``x * alpha + y`` is not). What failed is a
-:class:`CallReport`; :func:`settle` is the full device synchronisation that follows.
+and that the host code did not compute with torch (a ``TorchDispatchMode`` watches every torch
+operation outside Triton launches: allocation, copies and views are allowed, ``x * alpha + y`` on
+floating-point tensors is not, and integer arithmetic only within a budget of the size of the
+call's tensors: the index work of host-side routing, not a computation in fixed point). Code of the
+candidate's that Triton calls during a launch (a grid callable, the allocator) is host code too,
+watched as such. What failed is a :class:`CallReport`; :func:`settle` is the full device
+synchronisation that follows.
 
 These checks run where the candidate runs (the worker), so a candidate could defeat them: they are
 extra signals that can only make a verdict worse. The verdict itself is made by the trusted side
@@ -50,12 +53,52 @@ def raised(exc: BaseException, prefix: str = "") -> Rejected:
     return Rejected(Status.RUNTIME_ERROR, message, tail(traceback.format_exc()))
 
 
+def _as_host_code(guard: "HostComputeGuard", function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` (the candidate's, called by Triton inside a launch) watched as the host code it
+    is: while it runs the guard sees what it sees outside the launch."""
+    outer = guard.depth
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        inner, guard.depth = guard.depth, outer
+        try:
+            return function(*args, **kwargs)
+        finally:
+            guard.depth = inner
+
+    return call
+
+
+@contextmanager
+def _allocator_as_host_code(guard: "HostComputeGuard") -> Iterator[None]:
+    """The allocator set with ``triton.set_allocator`` (called inside a launch for a kernel's
+    global scratch) watched as host code for the duration of one launch."""
+    try:
+        from triton.runtime import _allocation
+    except ImportError:  # pragma: no cover - a Triton without runtime allocation
+        yield
+        return
+    var = getattr(_allocation, "_allocator", None)
+    current = var.get() if var is not None and hasattr(var, "get") else None
+    if current is None or not hasattr(var, "set"):
+        yield
+        return
+    token = var.set(_as_host_code(guard, current))
+    try:
+        yield
+    finally:
+        if hasattr(var, "reset") and token is not None:
+            var.reset(token)
+        else:
+            var.set(current)
+
+
 @contextmanager
 def count_launches(guard: "HostComputeGuard | None" = None) -> Iterator[list[int]]:
     """Count Triton kernel launches (JIT and interpreter) inside the block: ``counter[0]``.
 
     With a ``guard``, torch operations made *inside* a launch (the interpreter moves tensors
-    through numpy with torch copies) are not the candidate's host code and are not watched.
+    through numpy with torch copies) are not the candidate's host code and are not watched; the
+    candidate's own functions Triton calls there (a grid callable, the allocator) are.
     """
     from triton.runtime.jit import JITFunction
 
@@ -73,12 +116,15 @@ def count_launches(guard: "HostComputeGuard | None" = None) -> Iterator[list[int
         def run(self, *args, **kwargs):
             if not kwargs.get("warmup", False):
                 counter[0] += 1
-            if guard is not None:
-                guard.depth += 1
-            try:
+            if guard is None:
                 return original(self, *args, **kwargs)
-            finally:
-                if guard is not None:
+            if callable(kwargs.get("grid")):
+                kwargs["grid"] = _as_host_code(guard, kwargs["grid"])
+            with _allocator_as_host_code(guard):
+                guard.depth += 1
+                try:
+                    return original(self, *args, **kwargs)
+                finally:
                     guard.depth -= 1
 
         return run
@@ -108,6 +154,19 @@ FLOAT_HOST_OPS = frozenset({
 })
 
 
+#: Integer arithmetic the host code may do in one call, in elements, as a multiple of the elements
+#: of the call's tensors (inputs and outputs): the routing of a MoE block (counts, offsets, a sort
+#: of its token ids) takes a few passes over its small index tensors; a matmul computed in fixed
+#: point takes K passes over its output.
+INTEGER_WORK_FACTOR = 4
+
+
+def _elements(value: Any) -> int:
+    """The most elements of any tensor in ``value`` (a tensor, or a list or tuple of them)."""
+    values = value if isinstance(value, (list, tuple)) else (value,)
+    return max((item.numel() for item in values if isinstance(item, torch.Tensor)), default=0)
+
+
 def _dispatch_mode_base() -> type:
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -118,27 +177,32 @@ class HostComputeGuard:
     """Watches the torch operations a candidate's host code makes (a ``TorchDispatchMode``).
 
     ``violation`` is the first operation outside :data:`FLOAT_HOST_OPS` that touched a
-    floating-point tensor (``"aten.mul.Tensor on torch.float16"``), or None. Operations made while
+    floating-point tensor (``"aten.mul.Tensor on torch.float16"``), or the one that took the
+    integer work of the call past ``integer_budget`` elements (each such operation counts the
+    elements of its largest tensor, operand or result), or None. Operations made while
     ``depth > 0`` (inside a Triton launch) are ignored. Nothing is raised inside the candidate's
     call: an exception could be caught by its own ``except RuntimeError``; the verdict is read
     after the call returns.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, integer_budget: int | None = None) -> None:
         self.depth = 0
         self.violation: str | None = None
+        self.integer_budget = integer_budget
+        self.integer_work = 0
         guard = self
 
         class _Mode(_dispatch_mode_base()):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 kwargs = kwargs or {}
+                result = func(*args, **kwargs)
                 if guard.depth == 0 and guard.violation is None:
-                    guard._inspect(func, args, kwargs)
-                return func(*args, **kwargs)
+                    guard._inspect(func, args, kwargs, result)
+                return result
 
         self._mode = _Mode()
 
-    def _inspect(self, func: Any, args: tuple, kwargs: dict) -> None:
+    def _inspect(self, func: Any, args: tuple, kwargs: dict, result: Any) -> None:
         name = getattr(getattr(func, "overloadpacket", None), "__name__", str(func))
         if name in FLOAT_HOST_OPS:
             return
@@ -148,6 +212,12 @@ class HostComputeGuard:
                 if isinstance(item, torch.Tensor) and (item.is_floating_point() or item.is_complex()):
                     self.violation = f"{func} on {item.dtype}"
                     return
+        if self.integer_budget is None:
+            return
+        self.integer_work += max(_elements(result), *(_elements(v) for v in (*args, *kwargs.values())), 1)
+        if self.integer_work > self.integer_budget:
+            self.violation = (f"{func} took its integer arithmetic past {self.integer_budget} elements "
+                              f"({INTEGER_WORK_FACTOR}x the elements of the call's tensors)")
 
     def __enter__(self) -> "HostComputeGuard":
         self._mode.__enter__()
@@ -195,7 +265,7 @@ def run_call(run: RunFn, args: Mapping[str, Any], watched: Sequence[str], device
     exception is its ``runtime_error``; nothing raises."""
     before = {name: identity(args[name]) for name in watched}
     threads_before = threading.active_count()
-    guard = HostComputeGuard()
+    guard = HostComputeGuard(INTEGER_WORK_FACTOR * sum(_elements(v) for v in args.values()))
     with count_launches(guard) as launches:
         try:
             with guard:

@@ -6,8 +6,11 @@ process in-process) hands the device one call per input set and a preparation to
 call, outside the timed region (:meth:`kernelforge.devices.base.Device.time`):
 
 - the block's in-place inputs are restored (when it resets them);
-- one value of each floating-point input changes (:func:`touch_inputs`), so identical inputs never
-  come back and a cache keyed on the input values never hits (EVALUATION.md #4);
+- every floating-point input gets the signs of a random half of its elements flipped, new signs at
+  every preparation, drawn from a seed the trusted side drew with the system's randomness
+  (:func:`touch_inputs`): identical inputs never come back, so a cache keyed on the input values
+  never hits, and consecutive calls differ in half of every input, so a cache that updates only
+  what changed since its last call does all the work again (EVALUATION.md #4);
 - every output gets fresh poison, exactly as before a verification call, so a candidate that
   skips the work when its output does not arrive poisoned is left with poison; the first call
   after a preparation runs on the set just prepared, whatever index the device's loop gives;
@@ -19,14 +22,23 @@ call, outside the timed region (:meth:`kernelforge.devices.base.Device.time`):
   they were at that call: a timed call is a verified call;
 - after every call, at the next preparation (or when timing ends), the number of output elements
   that still hold the poison is recorded for that call (``unwritten``): a call that skipped its
-  work, on any call of any loop of the device, leaves poison, and the trusted side names it.
+  work, on any call of any loop of the device, leaves poison, and the trusted side names it;
+- the calls the trusted side drew (``watched``: every call in the interpreter, a share on a GPU)
+  and every call the device makes without a preparation of its own (the calls a CUDA graph
+  captures) run under the checks of a verification call
+  (:func:`~kernelforge.execute.judge.guard.run_call`: a Triton launch, no torch compute on the
+  host, the outputs still the same tensors, no thread left), except while the device times on the
+  host's clock (:attr:`~kernelforge.devices.base.Device.host_clock`), where those checks' own time
+  would be measured. A call that fails them ends the round with its report: a candidate that
+  behaves only while verified is caught on the timed calls it cannot tell from the others.
 
-The preparation is deterministic in the call index, so the trusted side replays it on its pristine
-copies (:func:`touch_inputs` is the one function both sides run).
+The preparation is deterministic in the call index and the seed, so the trusted side replays it on
+its pristine copies (:func:`touch_inputs` is the one function both sides run).
 """
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -34,24 +46,45 @@ import torch
 
 from kernelforge.devices.base import Device
 from kernelforge.execute.judge.fingerprint import poison, poisoned_count
-from kernelforge.execute.judge.guard import CallReport, RunFn, raised
-from kernelforge.result import Timing
+from kernelforge.execute.judge.guard import CallReport, RunFn, raised, run_call
+from kernelforge.result import Status, Timing
+
+#: The signed integer type of each floating-point element size: its top bit is the float's sign
+#: (IEEE formats, bf16 and the fp8 formats alike), so flipping it negates any value exactly.
+_SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def touch_inputs(inputs: Mapping[str, Any], call: int) -> None:
-    """Change one element of each floating-point input tensor, in place (its sign), before call
-    ``call`` of a timing round: identical inputs never come back, so a cache keyed on the input
-    values misses every time (EVALUATION.md #4) and what is timed is the computation."""
-    for tensor in inputs.values():
-        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.numel() and tensor.is_contiguous():
-            flat = tensor.view(-1)
-            index = (call * 7919 + 13) % flat.numel()
-            if tensor.element_size() == 1:
-                # fp8 (quantised weights): torch has no negation for it on the CPU; flipping the
-                # sign bit is the same change (e4m3fn and e5m2 keep the sign in the top bit).
-                flat.view(torch.uint8)[index] ^= 0x80
-            else:
-                flat[index].neg_()
+def _sign_flips(tensor: torch.Tensor, seed: int, call: int, name: str) -> torch.Tensor:
+    """The sign bits to flip in input ``name`` at preparation ``call``: a random half of its
+    elements, the same for the same (seed, call, name) on the same kind of device."""
+    kind = _SAME_SIZE_INT[tensor.element_size()]
+    generator = torch.Generator(device=tensor.device)
+    generator.manual_seed((seed * 1_000_003 + call * 8_191 + zlib.crc32(name.encode())) % 2**63)
+    bits = torch.randint(0, 2, tuple(tensor.shape), dtype=kind, device=tensor.device, generator=generator)
+    return bits.bitwise_left_shift_(8 * tensor.element_size() - 1)
+
+
+def touch_inputs(inputs: Mapping[str, Any], call: int, seed: int, *, undo: int | None = None) -> None:
+    """Flip the signs of a random half of the elements of each floating-point input tensor, in
+    place, for preparation ``call`` of a timing round with ``seed`` (the module docstring), first
+    undoing preparation ``undo``'s flips (the tensors hold that preparation's values). A tensor's
+    values after preparation ``k`` are its generated values with the flips of ``k`` alone."""
+    for name, tensor in inputs.items():
+        if not (isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.numel()
+                and tensor.is_contiguous() and tensor.element_size() in _SAME_SIZE_INT):
+            continue
+        flips = _sign_flips(tensor, seed, call, name)
+        if undo is not None:
+            flips.bitwise_xor_(_sign_flips(tensor, seed, undo, name))
+        tensor.view(_SAME_SIZE_INT[tensor.element_size()]).bitwise_xor_(flips)
+
+
+class _Refused(Exception):
+    """A watched call of the round failed its checks: the round ends with ``report``."""
+
+    def __init__(self, report: CallReport):
+        super().__init__(report.message)
+        self.report = report
 
 
 @dataclass(frozen=True)
@@ -67,7 +100,9 @@ class TimingJob:
     shared int64 vector, -1 where nothing was recorded) gets, at index ``i``, how many output
     elements the call after preparation ``i`` left poisoned. ``method`` is the timing method fixed
     for the shape (its baseline's; None: the device chooses, and what it chose is the shape's
-    method from then on: :class:`kernelforge.execute.timing.rounds.TimingPlan`).
+    method from then on: :class:`kernelforge.execute.timing.rounds.TimingPlan`). The call after
+    each preparation in ``watched`` runs under the checks of a verification call, and
+    ``touch_seed`` is the seed of :func:`touch_inputs` (both drawn by the trusted side).
     """
 
     sets: tuple[dict[str, Any], ...]
@@ -80,6 +115,8 @@ class TimingJob:
     working_set_bytes: int = 0
     method: str | None = None
     unwritten: torch.Tensor | None = None
+    watched: tuple[int, ...] = ()
+    touch_seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -97,8 +134,11 @@ class TimingAnswer:
 class _Round:
     """The preparation and the calls of one round (see the module docstring)."""
 
-    def __init__(self, run: RunFn, job: TimingJob):
-        self.run, self.job = run, job
+    def __init__(self, run: RunFn, job: TimingJob, device: Device):
+        self.run, self.job, self.device = run, job, device
+        self.watched = frozenset(job.watched)
+        self.written = tuple(job.outputs) + tuple(name for name in job.inplace if name not in job.outputs)
+        self.touched: list[int | None] = [None] * len(job.sets)  # each set's latest preparation
         self.saved = [{name: args[name].clone() for name in job.inplace} if job.reset else {} for args in job.sets]
         self.inputs = [{k: v for k, v in args.items() if k not in job.outputs} for args in job.sets]
         self.slots = {index: k for k, index in enumerate(job.verified)}
@@ -134,7 +174,11 @@ class _Round:
         args = self.job.sets[which]
         for name, copy in self.saved[which].items():
             args[name].copy_(copy)
-        touch_inputs(self.inputs[which], index)
+        restored = {name: args[name] for name in self.saved[which]}
+        kept = {name: value for name, value in self.inputs[which].items() if name not in restored}
+        touch_inputs(restored, index, self.job.touch_seed)
+        touch_inputs(kept, index, self.job.touch_seed, undo=self.touched[which])
+        self.touched[which] = index
         for name in self.job.outputs:
             poison(args[name])
         self.armed = self.slots.get(index)
@@ -145,6 +189,7 @@ class _Round:
         self.prepared = max(self.prepared, index + 1)
 
     def call(self, which: int) -> None:
+        prepared = self.fresh is not None
         if self.fresh is not None:
             # The first call after a preparation runs on the set just prepared, whichever set the
             # device's loop index names (CudaDevice's later loops restart their index while the
@@ -155,7 +200,14 @@ class _Round:
             # is pending updates its in-place inputs once more: the copy, made later, would not be
             # the prepared call's results. It is not made (the trusted side draws among those made).
             self.pending = None
-        self.run(**self.job.sets[which])
+        watch = not getattr(self.device, "host_clock", False) and (self.index in self.watched if prepared else True)
+        if watch:
+            report = run_call(self.run, self.job.sets[which], self.written, torch.device(self.device.torch_device))
+            if not report.ok:
+                what = "while timing" if report.status is Status.RUNTIME_ERROR else f"timed call {self.index + 1}"
+                raise _Refused(CallReport(report.status, f"{what}: {report.message}", report.name, report.traceback))
+        else:
+            self.run(**self.job.sets[which])
         if self.armed is not None:
             self.pending, self.armed = (self.armed, which), None
         if self.index >= 0:
@@ -165,7 +217,7 @@ class _Round:
 def run_timed(run: RunFn, device: Device, job: TimingJob) -> TimingAnswer:
     """Time ``run`` on the sets of ``job`` with ``device`` (see the module docstring). The
     candidate's exception is its ``runtime_error`` (in the answer's report); nothing raises."""
-    round_ = _Round(run, job)
+    round_ = _Round(run, job, device)
     calls = [lambda which=which: round_.call(which) for which in range(len(job.sets))]
     try:
         # ``method`` is passed only when fixed, so a device written before it existed still times
@@ -173,6 +225,8 @@ def run_timed(run: RunFn, device: Device, job: TimingJob) -> TimingAnswer:
         fixed = {} if job.method is None else {"method": job.method}
         timing = device.time(calls, working_set_bytes=job.working_set_bytes, before=round_.before, **fixed)
         round_.settle()
+    except _Refused as refused:
+        return TimingAnswer(None, refused.report, round_.prepared, (None,) * len(job.verified))
     except Exception as exc:  # a crash while timing is the candidate's runtime error
         return TimingAnswer(None, CallReport.of(raised(exc, "while timing: ")), round_.prepared,
                             (None,) * len(job.verified))

@@ -54,17 +54,15 @@ INTERPRETER_FAR = 4.0
 INTERPRETER_SLACK_S = 5e-3
 
 
-def replayed_inputs(tset: TimingSet, which: int, n_sets: int, upto: int, inplace: tuple[str, ...]) -> dict[str, Any]:
+def replayed_inputs(tset: TimingSet, which: int, n_sets: int, upto: int, seed: int) -> dict[str, Any]:
     """The inputs of set ``which`` (of ``n_sets``) as the runner left them after preparations
-    ``0..upto``: one sign changed per preparation of that set, in-place inputs reset before the
-    last one (the round's own values for them otherwise stay unknown here: see the caller)."""
+    ``0..upto`` of a round with ``seed``: the generated values with the sign flips of the set's last
+    preparation (in-place inputs as well, for a block that resets them; the round's own values for
+    those of one that does not stay unknown here: see the caller)."""
     state = {name: value.clone() if isinstance(value, torch.Tensor) else value for name, value in tset.inputs.items()}
     touches = [i for i in range(upto + 1) if i % n_sets == which]
-    plain = {name: value for name, value in state.items() if name not in inplace}
-    for i in touches:
-        touch_inputs(plain, i)
     if touches:
-        touch_inputs({name: state[name] for name in inplace}, touches[-1])
+        touch_inputs(state, touches[-1], seed)
     return state
 
 
@@ -116,7 +114,7 @@ def check_round(block: Block, shape: Shape, dtype: torch.dtype, device: Device, 
             return Verification(Status.REJECTED, message=f"{name}: the timed call chosen for verification (call "
                                                          f"{index + 1}) was never made")
     for which, tset in enumerate(sets):
-        state = replayed_inputs(tset, which, len(sets), done.prepared - 1, spec.inplace)
+        state = replayed_inputs(tset, which, len(sets), done.prepared - 1, done.touch_seed)
         for input_name, tensor in spec.untouchable(tset.shared).items():
             if not bits_equal(tensor, state[input_name]):
                 return Verification(Status.REJECTED, message=f"{name}: the candidate modified its input "
@@ -128,7 +126,7 @@ def check_round(block: Block, shape: Shape, dtype: torch.dtype, device: Device, 
     for k, aside, before in zip(done.checked, done.aside, done.inplace_before or ({},) * len(done.checked)):
         index, copied = done.verified[k], done.copied_sets[k]
         assert copied is not None
-        state = replayed_inputs(sets[copied], copied, len(sets), index, spec.inplace)
+        state = replayed_inputs(sets[copied], copied, len(sets), index, done.touch_seed)
         state.update({k: v.clone() for k, v in before.items()})
         problem = _judged(block, spec, state, aside, dtype, device,
                           f"{name} (timed call {index + 1}, verified after timing)")
@@ -139,7 +137,7 @@ def check_round(block: Block, shape: Shape, dtype: torch.dtype, device: Device, 
         # called it on the inputs of the last preparation, so its outputs are that call's results.
         # (With several sets a loop may call a set another preparation was for: not judged here.)
         tset = sets[0]
-        state = replayed_inputs(tset, 0, 1, done.prepared - 1, spec.inplace)
+        state = replayed_inputs(tset, 0, 1, done.prepared - 1, done.touch_seed)
         got = {k: v.detach().clone() for k, v in spec.watched(tset.shared, tset.outputs).items()}
         return _judged(block, spec, state, got, dtype, device, f"{name} (the last timed call, verified after timing)")
     return None

@@ -58,8 +58,9 @@ class TimedRound:
     positions in ``verified`` of the copies drawn for verification after the round
     (``checked``), private copies of those calls' results (``aside[j]`` for ``checked[j]``:
     outputs and in-place inputs) and, for a block that does not reset its in-place inputs, of those
-    inputs before each (``inplace_before[j]``), and ``unwritten[i]``: how many output elements the
-    call after preparation ``i`` left poisoned (-1: not recorded)."""
+    inputs before each (``inplace_before[j]``), ``unwritten[i]``: how many output elements the
+    call after preparation ``i`` left poisoned (-1: not recorded), and the ``touch_seed`` of the
+    round's preparations (:func:`~kernelforge.execute.timing.calls.touch_inputs`)."""
 
     timing: Timing | None
     report: CallReport
@@ -72,6 +73,7 @@ class TimedRound:
     inplace_before: tuple[dict[str, torch.Tensor], ...]
     unwritten: tuple[int, ...] = ()
     checked: tuple[int, ...] = ()
+    touch_seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,11 @@ UNWRITTEN_CAPACITY = 4096
 #: and those inputs before the call where a block does not reset them), set aside for the
 #: trusted side. Within it every call of the round is copied; beyond it, a share drawn at random.
 SNAPSHOT_MEMORY_BUDGET = 2 * 2**30
+#: On a device that does not prepare every call on one input set (a GPU), the share of a round's
+#: calls that run under the checks of a verification call (drawn by :func:`watched_calls`): small
+#: enough that their checks' time cannot move a median, large enough that a candidate that
+#: behaves differently on half its calls is caught on about ``n/16`` of them (``n`` calls).
+WATCHED_SHARE = 1 / 8
 #: On a device that does not prepare every call on one input set (a GPU), how many of the copied
 #: calls the trusted side verifies against its reference, drawn after the round ran. A candidate
 #: that fakes a share ``f`` of its calls escapes all of them with probability about ``(1-f)**8``
@@ -145,6 +152,19 @@ def copied_calls(device: Device, n_sets: int, call_bytes: int, rng: random.Rando
     if total <= fit:
         return tuple(range(total))
     return tuple(sorted((rng or random.SystemRandom()).sample(range(total), max(1, int(fit)))))
+
+
+def watched_calls(device: Device, rng: random.Random | None = None) -> tuple[int, ...]:
+    """The preparations of a round whose calls run under the checks of a verification call
+    (:mod:`~kernelforge.execute.timing.calls`): every one where the device prepares every call
+    (the interpreter: its rounds are a few calls), else each with probability
+    :data:`WATCHED_SHARE`, drawn with ``rng`` (default: the system's randomness, which nothing in
+    the candidate's process can know)."""
+    total = max(1, int(device.round_preparations(1)))
+    if device.prepares_every_call:
+        return tuple(range(total))
+    draw = rng or random.SystemRandom()
+    return tuple(i for i in range(total) if draw.random() < WATCHED_SHARE)
 
 
 def drawn_checks(device: Device, copied: tuple[int, ...], copied_sets: tuple[int | None, ...],
@@ -203,8 +223,10 @@ def time_round(block: Block, entry: Entry, shape: Shape, dtype: torch.dtype, dev
     before = tuple({name: runner.share(sets[0].shared[name], values=False) for name in kept} if kept else {}
                    for _ in verified)
     unwritten = runner.share(torch.full((UNWRITTEN_CAPACITY,), -1, dtype=torch.int64, device=device.torch_device))
+    seed = (rng or random.SystemRandom()).getrandbits(62)
     job = TimingJob(tuple({**s.shared, **s.outputs} for s in sets), spec.names, spec.inplace, block.inplace_reset,
-                    verified, aside, before, int(block.counts(shape, dtype).bytes), method, unwritten)
+                    verified, aside, before, int(block.counts(shape, dtype).bytes), method, unwritten,
+                    watched_calls(device, rng), seed)
     # No garbage collection of this process inside the round: a full collection of a large process
     # (100+ ms) would count as the calling thread's CPU time of an in-process round.
     collecting = gc.isenabled()
@@ -227,7 +249,8 @@ def time_round(block: Block, entry: Entry, shape: Shape, dtype: torch.dtype, dev
     return TimedRound(timing, report, wall, cpu, answer.prepared, verified, answer.copied_sets,
                       tuple({name: runner.snapshot(t) for name, t in aside[k].items()} for k in checked),
                       tuple({name: runner.snapshot(t) for name, t in before[k].items()} for k in checked),
-                      tuple(int(v) for v in runner.snapshot(unwritten)[:max(answer.prepared, 0)].tolist()), checked)
+                      tuple(int(v) for v in runner.snapshot(unwritten)[:max(answer.prepared, 0)].tolist()), checked,
+                      seed)
 
 
 def time_candidate(block: Block, run: RunFn | Entry, shape: Shape, dtype: torch.dtype, device: Device, counts: Counts,

@@ -112,6 +112,8 @@ class Time:
     method: str | None
     unwritten: Any
     arena_bytes: int = 0
+    watched: tuple[int, ...] = ()
+    touch_seed: int = 0
 
 
 @dataclass(frozen=True)

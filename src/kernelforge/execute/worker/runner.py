@@ -162,7 +162,8 @@ class WorkerRunner:
         request = wire.Time(handle, tuple(self._wire(args) for args in job.sets), job.outputs, job.inplace, job.reset,
                             tuple(job.verified), tuple(self._slots(b) for b in job.aside),
                             tuple(self._slots(b) for b in job.inplace_before), job.working_set_bytes, job.method,
-                            None if job.unwritten is None else self._slot(job.unwritten), self._arena_bytes())
+                            None if job.unwritten is None else self._slot(job.unwritten), self._arena_bytes(),
+                            tuple(job.watched), int(job.touch_seed))
         message = self._ask(request, wire.Timed)
         if len(message.copied_sets) != len(job.verified):
             self.process.kill()

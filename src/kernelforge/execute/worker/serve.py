@@ -109,7 +109,8 @@ class WorkerSession:
                         tuple(self.buffers(slots) for slots in request.aside),
                         tuple(self.buffers(slots) for slots in request.inplace_before),
                         int(request.working_set_bytes), None if request.method is None else str(request.method),
-                        None if request.unwritten is None else self.tensor(request.unwritten))
+                        None if request.unwritten is None else self.tensor(request.unwritten),
+                        tuple(int(i) for i in request.watched), int(request.touch_seed))
         answer = run_timed(self.runs[request.handle], self.device, job)
         if answer.report.ok:
             try:
