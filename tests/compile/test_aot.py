@@ -361,3 +361,24 @@ def test_pool_times_out_hangs_and_recovers_from_a_crashed_worker():
             crash.result(timeout=60)
         again = pool.submit(render("demo/vector_add"), "demo/vector_add", FIXTURES, "float16", "sm_90")
         assert again.result(timeout=60).status == "ok"
+        # The suspect of a crash is compiled again alone, in a process of the pool's kind: its
+        # death there is its own verdict, and an innocent candidate compiles.
+        alone = pool.compile_alone(render("demo/vector_add") + CRASHES, "demo/vector_add", FIXTURES, "float16", "sm_90")
+        assert alone.status == "compile_error" and "died while compiling this candidate alone" in alone.message
+        innocent = pool.compile_alone(render("demo/vector_add"), "demo/vector_add", FIXTURES, "float16", "sm_90")
+        assert innocent.status == "ok", innocent.message
+
+
+def test_a_sandboxed_pool_compiles_a_suspect_alone_in_its_sandbox_never_outside():
+    """A compile that killed a sandboxed pool's process (a crash, its memory limit) is compiled
+    again in a single-use pool of the same kind, with the same memory limit and folders: here a
+    limit too small to import torch, so the process dies again and the candidate gets a
+    compile_error; an unsandboxed child (the search's environment, no limit) would have compiled it."""
+    from kernelforge.compile.sandboxed import SandboxedCompilePool
+
+    with SandboxedCompilePool(max_workers=1, timeout=60, memory_limit=64 * 2**20, kernels_roots=(str(FIXTURES),)) as pool:
+        single = pool.single()
+        assert type(single) is SandboxedCompilePool
+        assert (single.memory_limit, single.kernels_roots, single.max_workers) == (pool.memory_limit, pool.kernels_roots, 1)
+        report = pool.compile_alone(render("demo/vector_add"), "demo/vector_add", FIXTURES, "float16", "sm_90")
+    assert report.status == "compile_error" and "died while compiling this candidate alone" in report.message

@@ -215,10 +215,10 @@ class CompilePool:
     1 ms per Triton cache hit). A compile that hangs in Python code is stopped after ``timeout``
     with status ``timeout``; one that hangs in native code, or crashes its worker, kills the
     worker: every future pending in the pool then fails with
-    ``concurrent.futures.process.BrokenProcessPool`` (not a verdict on those candidates:
-    resubmit them, or compile the suspect alone with :func:`compile_candidate`), and the next
-    ``submit`` replaces the broken pool with a fresh one. A UserError of the caller (unknown
-    block, dtype or target) is the future's exception.
+    ``concurrent.futures.process.BrokenProcessPool`` (not a verdict on those candidates: compile
+    each again with :meth:`compile_alone`, in a process of the same kind as the pool's, so its
+    verdict is its own), and the next ``submit`` replaces the broken pool with a fresh one. A
+    UserError of the caller (unknown block, dtype or target) is the future's exception.
     """
 
     def __init__(self, max_workers: int | None = None, timeout: float = 120):
@@ -247,6 +247,27 @@ class CompilePool:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = self._new_executor()
             return self._executor.submit(_pool_task, args, self.timeout)
+
+    def single(self) -> "CompilePool":
+        """A new pool of one process of this pool's kind and settings (for :meth:`compile_alone`)."""
+        return CompilePool(max_workers=1, timeout=self.timeout)
+
+    def compile_alone(self, source: str, block_id: str, kernels_root: str | Path, dtype: Any,
+                      target: str | None = None) -> CompileReport:
+        """Compile one candidate in a single-use process of this pool's kind (:meth:`single`: a
+        sandboxed pool's is sandboxed, with its memory limit), and wait for its report: the
+        verdict of a candidate whose compile failed with the pool (a worker crashed while it was
+        pending). A process that dies again is this candidate's ``compile_error``."""
+        pool = self.single()
+        try:
+            return pool.submit(source, block_id, kernels_root, dtype, target).result()
+        except BrokenProcessPool:
+            name = parse_target(target if target is not None else default_target()).name
+            return CompileReport.failed(name, Status.COMPILE_ERROR, "the compile process died while compiling this "
+                                        "candidate alone (a crash in the compiler, or over the compile's memory "
+                                        "limit)")
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
         if self._executor is not None:

@@ -22,6 +22,7 @@ from typing import Any
 
 from kernelforge.compile.pool import refused_compile
 from kernelforge.compile.resources import CompileReport
+from kernelforge.result import Status
 from kernelforge.targets import default_target, parse_target
 
 #: The Ray cluster a worker sends its compiles to (set by the ``--ray`` launcher).
@@ -73,6 +74,17 @@ class RayCompilePool:
                                 self.timeout)
         self._refs = [r for r in self._refs if not _done(r)] + [ref]
         return ref.future()
+
+    def compile_alone(self, source: str, block_id: str, kernels_root: str | Path, dtype: Any,
+                      target: str | None = None) -> CompileReport:
+        """:meth:`CompilePool.compile_alone` on the cluster: a Ray task fails alone, so a task that
+        fails again (after Ray's retry) is this candidate's ``compile_error``."""
+        try:
+            return self.submit(source, block_id, kernels_root, dtype, target).result()
+        except Exception as exc:  # the task's process died (Ray's error names how)
+            name = parse_target(target if target is not None else default_target()).name
+            return CompileReport.failed(name, Status.COMPILE_ERROR,
+                                        f"the compile task died while compiling this candidate ({type(exc).__name__})")
 
     def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
         """Cancel the compiles not finished when ``cancel_futures``; wait for the others when ``wait``."""

@@ -63,6 +63,10 @@ class SandboxedCompilePool(CompilePool):
                                    initializer=sandboxed_pool_initializer,
                                    initargs=(self.memory_limit, os.getpid(), self._folder, self.kernels_roots))
 
+    def single(self) -> "SandboxedCompilePool":
+        return SandboxedCompilePool(max_workers=1, timeout=self.timeout, memory_limit=self.memory_limit or 0,
+                                    kernels_roots=self.kernels_roots)
+
     def submit(self, source: str, block_id: str, kernels_root: Any, dtype: Any, target: str | None = None) -> Future:
         refused = refused_compile(source, target)
         if refused is not None:

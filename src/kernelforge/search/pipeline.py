@@ -176,11 +176,10 @@ class Pipeline:
             report = compiled.result()
         except Exception:
             # A crashed pool worker fails every pending future, not only the culprit's: compile
-            # this candidate again alone, in its own process, so the verdict is its own.
-            from kernelforge.compile.pool import compile_candidate
-
-            report = compile_candidate(candidate.source, candidate.block_id, self.run.catalog.root,
-                                       self.run.dtype_name, self.run.target)
+            # this candidate again alone, in a process of the pool's own kind (sandboxed for
+            # untrusted code), so the verdict is its own.
+            report = self.pool.compile_alone(candidate.source, candidate.block_id, self.run.catalog.root,
+                                             self.run.dtype_name, self.run.target)
         self.run.store.add_compile(candidate.id, report.target, self.run.dtype_name, str(report.status),
                                    report.message, [asdict(k) for k in report.kernels])
         if report.status == "ok":
