@@ -144,6 +144,31 @@ def test_killed_search_resumes_to_the_full_budget(tmp_path, sig):
     assert (tmp_path / "reports" / "kill" / "REPORT.md").exists()
 
 
+def test_a_candidate_stored_on_some_shapes_of_its_group_is_not_spent(tmp_path):
+    """A run stopped between two shapes of an all-shapes group (a kill, a full disk) leaves a
+    candidate stored on some of them: that is no evaluation yet. Counting it as spent, beside the
+    killed worker's open claim on it (or the unit a released claim gives back), left the rerun one
+    evaluation short of the job's budget."""
+    from kernelforge.search.plan import already_spent, plan_studies
+
+    path = job_file(tmp_path, strategy="grid", evaluations=4)
+    job, store, _, _ = run_search(tmp_path, path)
+    catalog = Catalog.discover(FIXTURES)
+    [planned] = plan_studies(job, catalog)
+    assert already_spent(store, job, catalog, planned) == 4
+    db = tmp_path / f"{job.name}.db"
+    baseline = next(c.id for c in store.candidates() if c.origin == "baseline")
+    [victim, *_] = sorted({c for (c,) in rows(db, "select candidate_id from kf_results")} - {baseline})
+    with sqlite3.connect(db) as conn:
+        conn.execute("delete from kf_results where candidate_id = ? and shape = 'n63'", (victim,))
+    assert already_spent(store, job, catalog, planned) == 3
+    run_search(tmp_path, path)
+    results = rows(db, "select candidate_id, shape from kf_results")
+    assert len(results) == len(set(results)), "a result stored twice"
+    complete = [c for c in {c for c, _ in results} if sum(1 for r, _ in results if r == c) == 3]
+    assert len(complete) == 1 + 4, "the baseline and the job's 4 evaluations, each on every shape"
+
+
 def test_confirmation_retimes_the_best_against_the_baseline_and_reports_it(tmp_path):
     from kernelforge.search.confirm import confirm
     from kernelforge.report.collect import collect

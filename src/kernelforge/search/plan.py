@@ -134,16 +134,18 @@ def baseline_candidates(catalog: Catalog, block_id: str, shapes: Sequence[Shape]
 def already_spent(store, job: Job, catalog: Catalog, planned: PlannedStudy) -> int:
     """Evaluations of a planned study already in ``store`` (a resumed search spends only the rest).
 
-    A baseline's own measurement is free: a baseline candidate counts only once the study measured
-    it on every shape of its group where it is not the baseline (as the search counts it)."""
-    evaluated = store.evaluated(job.name, planned.block_id, planned.template_id, planned.shape_filter, job.dtype)
+    An evaluation is a candidate stored on every shape of the group, as the search counts one
+    when it settles a claim: a candidate a stopped run stored on some shapes only is not spent (a
+    killed worker's open claim on it is counted once, by the ledger; a released one is charged
+    again when asked). A baseline's own measurement is free: a baseline candidate counts only once
+    the study measured it on every shape of its group where it is not the baseline."""
+    if not planned.shapes:
+        return 0
+    evaluated = set.intersection(*(store.evaluated(job.name, planned.block_id, planned.template_id, shape.name,
+                                                   job.dtype) for shape in planned.shapes))
     baselines = baseline_candidates(catalog, planned.block_id, planned.shapes)
     ids = {c.id for c in baselines.values()} & evaluated
     free = {cid for cid in ids if all(c.id == cid for c in baselines.values())}
-    if ids - free:
-        on_every_shape = set.intersection(*(store.evaluated(job.name, planned.block_id, planned.template_id,
-                                                            shape.name, job.dtype) for shape in planned.shapes))
-        free |= (ids - free) - on_every_shape
     # A candidate the compile rejected for the target's resources cost no evaluation (issue 14).
     free |= {c.candidate_id for c in store.compiles(evaluated - free, job.dtype)
              if resource_rejected(c.status, store.results(candidate_id=c.candidate_id, dtype=job.dtype))}
