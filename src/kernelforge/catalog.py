@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import ast
 import difflib
+import functools
 import hashlib
 import importlib.util
 import inspect
 import os
 import sys
+import traceback
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Collection, Mapping
 
-from kernelforge.block import Block
+from kernelforge.block import DTYPES, Block, HarnessError, Shape
 from kernelforge.errors import UserError
 from kernelforge.template import TEMPLATE_SUFFIX, Template, template_name
 
@@ -52,7 +54,81 @@ def _load_block(folder: Path, block_id: str) -> Block:
                         "(docs/block-contract.md)")
     if len(classes) != 1:
         raise UserError(f"{path}: must define exactly one concrete Block subclass, found {len(classes)}")
-    return classes[0](block_id)
+    block = classes[0](block_id)
+    _check_declarations(block, path)
+    for name in _BLOCK_METHODS:
+        setattr(block, name, _named_failures(getattr(block, name), name, path))
+    return block
+
+
+#: The methods of a block the harness calls: an exception raised in one is the block's mistake,
+#: said as such (:func:`_named_failures`).
+_BLOCK_METHODS = ("shape_sets", "make_inputs", "make_output", "reference", "counts", "tolerance",
+                  "output_tolerance", "compile_shape")
+
+
+def _named_failures(method, name: str, path: Path):
+    """``method`` of a loaded block, raising a :class:`~kernelforge.block.HarnessError` that names
+    the file, the method and the line for anything it raises (a shape without a dimension
+    ``make_inputs`` reads, a ``reference`` that fails on a shape): one line of the block's author's
+    to fix, never a traceback from deep inside the harness, nor a candidate's failure."""
+
+    @functools.wraps(method)
+    def call(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except (HarnessError, UserError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the block's own code
+            lines = [frame.lineno for frame in traceback.extract_tb(exc.__traceback__)
+                     if Path(frame.filename).resolve() == path.resolve()]
+            at = f" (line {lines[-1]})" if lines else ""
+            raise HarnessError(f"{path}: {name}() raised {type(exc).__name__}: {exc}{at}") from None
+
+    return call
+
+
+def _check_declarations(block: Block, path: Path) -> None:
+    """The block's declarations against docs/block-contract.md, checked when it is loaded (a
+    mistake there would otherwise surface as a traceback mid-search, or not at all): its
+    attributes' types, and shape sets that are a dict of lists of :class:`Shape` with a
+    non-empty ``smoke`` set and no name given to two different shapes."""
+    for name, kind, example in (("family", str, '"moe"'), ("description", str, '"..."'),
+                                ("inplace_reset", bool, "True"), ("deterministic", bool, "True")):
+        if not isinstance(getattr(block, name), kind):
+            raise UserError(f"{path}: {name} is {getattr(block, name)!r}; it must be a {kind.__name__}, e.g. "
+                            f"{name} = {example}")
+    for name, example in (("dtypes", '("bfloat16", "float16")'), ("inplace", '("residual",)')):
+        value = getattr(block, name)
+        if not isinstance(value, (tuple, list)) or not all(isinstance(v, str) for v in value):
+            raise UserError(f"{path}: {name} is {value!r}; it must be a tuple of names, e.g. {name} = {example}")
+    unknown = [d for d in block.dtypes if d not in DTYPES]
+    if unknown or not block.dtypes:
+        raise UserError(f"{path}: dtypes {tuple(block.dtypes)!r} must name at least one of {', '.join(DTYPES)}")
+    try:
+        sets = block.shape_sets()
+    except Exception as exc:  # noqa: BLE001 - the block's own code
+        raise UserError(f"{path}: shape_sets() raised {type(exc).__name__}: {exc}") from None
+    if not isinstance(sets, Mapping) or not all(isinstance(v, (list, tuple)) for v in sets.values()):
+        raise UserError(f"{path}: shape_sets() must return a dict of set name -> list of Shape, got "
+                        f"{type(sets).__name__}")
+    if not sets.get("smoke"):
+        raise UserError(f"{path}: shape_sets() has no non-empty 'smoke' set (tiny shapes the interpreter runs); "
+                        f"it has {', '.join(map(str, sets)) or 'none'}")
+    seen: dict[str, Shape] = {}
+    for set_name, shapes in sets.items():
+        names = [getattr(shape, "name", None) for shape in shapes]
+        twice = sorted({n for n in names if n is not None and names.count(n) > 1})
+        if twice:
+            raise UserError(f"{path}: shape set {set_name!r} lists {', '.join(map(repr, twice))} twice; list each "
+                            "shape once")
+        for index, shape in enumerate(shapes):
+            if not isinstance(shape, Shape):
+                raise UserError(f"{path}: shape_sets()[{set_name!r}][{index}] is a {type(shape).__name__}, not a "
+                                "Shape (make one with Shape.of(name, **dims))")
+            if seen.setdefault(shape.name, shape) != shape:
+                raise UserError(f"{path}: shape name {shape.name!r} is given to two different shapes "
+                                f"({dict(seen[shape.name].dims)} and {dict(shape.dims)}); a name is one shape")
 
 
 def _code(path: Path) -> str:

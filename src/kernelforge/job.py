@@ -232,7 +232,7 @@ def parse_job(raw: dict[str, Any], path: Path, catalog=None) -> Job:
             raise UserError(f"{where} templates: [] names no template; list the templates to search, or leave "
                             "templates out to search every template of the block")
         if catalog is not None:
-            _check_block(where, catalog, block_id, shapes, templates)
+            _check_block(where, catalog, block_id, shapes, templates, dtype)
         blocks.append(BlockSpec(block_id, shapes, tuple(templates)))
     ids = [b.id for b in blocks]
     if len(ids) != len(set(ids)):
@@ -296,12 +296,15 @@ def require_llm_endpoint(job: Job) -> None:
         raise UserError(f'{job.path} [llm]: missing model, e.g. model = "gpt-4.1" (or pass --llm-model NAME)')
 
 
-def _check_block(where: str, catalog, block_id: str, shapes: str, templates: list[str]) -> None:
+def _check_block(where: str, catalog, block_id: str, shapes: str, templates: list[str], dtype: str) -> None:
     try:
         block = catalog.block(block_id)
         block.shapes(shapes)
     except UserError as exc:
         raise UserError(f"{where}: {exc}") from None
+    if dtype not in block.dtypes:
+        raise UserError(f"{where}: {block_id} is searched in {', '.join(block.dtypes)} (its block.py dtypes), not "
+                        f"the job's dtype {dtype}; set [job] dtype to one of those")
     known = catalog.listing(block_id).names
     for name in templates:
         if name not in known:

@@ -9,6 +9,8 @@ block: it is never the candidate's verdict.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -112,8 +114,25 @@ class Outputs:
             if tuple(tensor.shape) != tuple(written[name].shape):
                 raise HarnessError(f"{self.block_id}: reference {name!r} has shape {tuple(tensor.shape)}, "
                                    f"the candidate writes {tuple(written[name].shape)}")
+            if written[name].is_floating_point():
+                if tensor.dtype != torch.float32:
+                    raise HarnessError(f"{self.block_id}: reference {name!r} is {tensor.dtype}; a floating-point "
+                                       "output's reference is computed and returned in torch.float32 (compare "
+                                       "in the output's dtype and a rounding error becomes the tolerance)")
+                finite = torch.isfinite(tensor)
+                if not bool(finite.all()):
+                    where = tuple(int(i) for i in (~finite).nonzero()[0].tolist())
+                    raise HarnessError(f"{self.block_id}: reference {name!r} has {int((~finite).sum())} NaN or Inf "
+                                       f"value(s) (the first at {where}); a reference must be finite, or every "
+                                       "candidate compares equal to it")
         return named
 
     def tolerance(self, block: Block, name: str, dtype: torch.dtype, device_type: str) -> Tolerance:
-        """The tolerance of floating-point output ``name``."""
-        return block.output_tolerance(name, dtype, device_type)
+        """The tolerance of floating-point output ``name``: a :class:`~kernelforge.block.Tolerance`
+        of finite values at least 0, else the block's mistake (a NaN bound passes everything)."""
+        tolerance = block.output_tolerance(name, dtype, device_type)
+        values = (tolerance.rel_norm, tolerance.atol, tolerance.rtol) if isinstance(tolerance, Tolerance) else ()
+        if not values or not all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in values):
+            raise HarnessError(f"{self.block_id}: tolerance of {name!r} at {dtype} is {tolerance!r}; it must be a "
+                               "Tolerance(rel_norm, atol, rtol) of finite numbers >= 0")
+        return tolerance
