@@ -49,6 +49,9 @@ def test_a_storage_folder_that_does_not_exist_is_refused_and_not_created(tmp_pat
         assert str(missing) in _one_line(result) and "does not exist" in result.output
         assert not (tmp_path / "nonexistent").exists()
     assert not (tmp_path / "toy.db").exists()
+    (tmp_path / "afile").write_text("not a folder")
+    result = invoke("search", str(job), "--storage", f"sqlite:///{tmp_path / 'afile' / 'kf.db'}")
+    assert result.exit_code == 2 and "afile is a file, not a folder" in _one_line(result)
 
 
 def test_compare_with_itself_is_refused(tmp_path):
@@ -92,6 +95,24 @@ def test_a_report_of_a_storage_that_holds_other_jobs_or_of_jobs_with_no_block_in
     result = invoke("report", str(job), "--compare", str(rules))
     assert result.exit_code == 2 and "share no block" in _one_line(result)
     assert report.read_text() == before  # no report was rewritten
+
+
+def test_every_command_reads_the_database_set_in_the_environment(tmp_path, monkeypatch):
+    """KERNELFORGE_STORAGE set once in the shell: the search writes that database, and the
+    report, show and backup read it (the report used to look for the job's default file)."""
+    monkeypatch.chdir(tmp_path)
+    job = tmp_path / "toy.toml"
+    job.write_text(TOY_JOB.format(db=tmp_path / "unused.db"))
+    elsewhere = tmp_path / "elsewhere.db"
+    monkeypatch.setenv("KERNELFORGE_STORAGE", f"sqlite:///{elsewhere}")
+    assert invoke("search", str(job), "--progress", "quiet", "--no-compile", "--no-report").exit_code == 0
+    assert elsewhere.exists() and not (tmp_path / "unused.db").exists()
+    report = invoke("report", str(job))
+    assert report.exit_code == 0, report.output
+    assert (tmp_path / "reports" / "toymistake" / "REPORT.md").exists()
+    backup = invoke("backup", str(job), str(tmp_path / "copy.db"))
+    assert backup.exit_code == 0 and (tmp_path / "copy.db").exists(), backup.output
+    assert not (tmp_path / "unused.db").exists()
 
 
 def test_a_dry_run_refuses_what_the_search_would_refuse(tmp_path):

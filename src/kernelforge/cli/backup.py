@@ -7,14 +7,13 @@ import time
 
 import click
 
-from kernelforge.cli.common import err_console, load_job
+from kernelforge.cli.common import err_console, load_job, storage_option
 
 
 @click.command()
 @click.argument("job_file", metavar="JOB")
 @click.argument("destination", metavar="[DEST]", required=False)
-@click.option("--storage", default=None, envvar="KERNELFORGE_STORAGE",
-              help="SQLAlchemy URL of the results database (default: the job's; env KERNELFORGE_STORAGE).")
+@storage_option()
 @click.pass_context
 def backup(ctx: click.Context, job_file: str, destination: str | None, storage: str | None) -> None:
     """Copy the results database of JOB to DEST (a new file, or a folder; default: a time-stamped

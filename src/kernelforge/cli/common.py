@@ -16,6 +16,17 @@ from rich.console import Console
 from kernelforge.errors import UserError
 
 # Logs and CI are not terminals: give tables room instead of rich's 80-column default.
+#: The environment variable every command's ``--storage`` reads (and how a launcher hands its
+#: workers the database): a database set once in the shell is the one the search writes and the
+#: report, show, export, dashboard and backup read.
+STORAGE_ENV = "KERNELFORGE_STORAGE"
+
+
+def storage_option(text: str = "SQLAlchemy URL of the results database (default: the job's") -> Any:
+    """The ``--storage`` option of a command (``text``: its help up to the closing parenthesis)."""
+    return click.option("--storage", default=None, envvar=STORAGE_ENV, help=f"{text}; env {STORAGE_ENV}).")
+
+
 _WIDTH = None if sys.stdout.isatty() else 160
 console = Console(highlight=False, width=_WIDTH)
 err_console = Console(stderr=True, highlight=False, width=_WIDTH)
@@ -78,6 +89,8 @@ def check_storage_folder(storage: str | None, option: str = "--storage") -> None
     path = sqlite_file(storage) if storage else None
     if path is None or path.parent.is_dir():
         return
+    if path.parent.exists():
+        raise UserError(f"{option} {storage}: {path.parent} is a file, not a folder; fix the path")
     raise UserError(f"{option} {storage}: folder {path.parent} does not exist; create it first or fix the path")
 
 

@@ -8,7 +8,7 @@ import importlib.util
 
 import click
 
-from kernelforge.cli.common import console, err_console, load_job
+from kernelforge.cli.common import console, err_console, load_job, storage_option
 from kernelforge.errors import UserError
 
 #: How to install optuna-dashboard, as every message about it says.
@@ -44,7 +44,7 @@ def refresh_mirror(job, catalog, store, *, optional: bool = False) -> list:
 
 @click.command()
 @click.argument("job_file", metavar="JOB")
-@click.option("--storage", default=None, help="SQLAlchemy URL of the results database (default: the job's).")
+@storage_option()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address optuna-dashboard listens on.")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535),
               help="Port optuna-dashboard listens on.")

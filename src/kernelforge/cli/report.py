@@ -6,14 +6,14 @@ from pathlib import Path
 
 import click
 
-from kernelforge.cli.common import check_holds, console, err_console, load_job
+from kernelforge.cli.common import check_holds, console, err_console, load_job, storage_option
 from kernelforge.cli.dashboard import refresh_mirror
 from kernelforge.errors import UserError
 
 
 @click.command()
 @click.argument("job_file", metavar="JOB")
-@click.option("--storage", default=None, help="SQLAlchemy URL of the results database (default: the job's).")
+@storage_option()
 @click.option("--compare", "compare_file", metavar="JOB", default=None,
               help="A second job, file or name (e.g. the same job on another GPU or Triton version): print both side by "
                    "side and write reports/compare-<a>-vs-<b>.html.")
@@ -60,7 +60,7 @@ def report(ctx: click.Context, job_file: str, storage: str | None, compare_file:
                    "dispatcher by token count; source: the winning rendered sources.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Output folder (default: reports/<job>/export/).")
-@click.option("--storage", default=None, help="SQLAlchemy URL of the results database (default: the job's).")
+@storage_option()
 @click.option("--layout", type=click.Choice(["vllm", "sglang"]), default="vllm", show_default=True,
               help="--format vllm: whose loader the config files are named and placed for.")
 @click.option("--split-down", is_flag=True, default=False,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from kernelforge.cli.common import load_job
+from kernelforge.cli.common import load_job, storage_option
 from kernelforge.cli.dry_run import print_plan
 from kernelforge.cli.signals import install_stop_signals, stopped_status
 from kernelforge.cli.summary import print_summary
@@ -18,8 +18,7 @@ from kernelforge.strategies.names import STRATEGY_NAMES
 
 @click.command()
 @click.argument("job_file", metavar="JOB")
-@click.option("--storage", default=None, envvar="KERNELFORGE_STORAGE",
-              help="SQLAlchemy URL of the results database (default: the job's; env KERNELFORGE_STORAGE).")
+@storage_option()
 @click.option("--device", "device_name", default=None, help="Override the job's device: cuda, interpret or replay:PATH.")
 @click.option("--progress", "progress_mode", type=click.Choice(["live", "jsonl", "quiet"]), default=None,
               help="Live terminal view (default on a terminal), JSON lines, or quiet.")

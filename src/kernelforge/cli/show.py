@@ -14,7 +14,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from kernelforge.cli.common import console, load_job, yes
+from kernelforge.cli.common import console, load_job, storage_option, yes
 from kernelforge.errors import UserError
 from kernelforge.redact import redact_url
 
@@ -27,8 +27,7 @@ MIN_PREFIX = 4
 @click.command()
 @click.argument("candidate_id")
 @click.argument("job_file", metavar="[JOB]", required=False)
-@click.option("--storage", default=None, help="SQLAlchemy URL of the database to read (default: the job's, "
-                                              f"or every {REPORTS_GLOB} without a job).")
+@storage_option(f"SQLAlchemy URL of the database to read (default: the job's, or every {REPORTS_GLOB} without a job")
 @click.option("--no-source", is_flag=True, help="Leave out the rendered source.")
 @click.pass_context
 def show(ctx: click.Context, candidate_id: str, job_file: str | None, storage: str | None, no_source: bool) -> None:

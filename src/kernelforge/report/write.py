@@ -8,6 +8,7 @@ and this is the last boundary before the disk.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from kernelforge.catalog import Catalog
@@ -52,5 +53,12 @@ def write_compare(a: Report, b: Report, folder: Path = Path("reports")) -> tuple
 
 
 def write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` as UTF-8 with every registered secret masked (raises OSError)."""
-    path.write_text(redact(text), encoding="utf-8")
+    """Write ``text`` to ``path`` as UTF-8 with every registered secret masked (raises OSError):
+    into a temporary file beside it, then renamed over it, so a full disk or a stop mid-write
+    leaves the previous file whole, never a truncated one."""
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        partial.write_text(redact(text), encoding="utf-8")
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)

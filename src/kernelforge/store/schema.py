@@ -313,6 +313,11 @@ def open_schema(engine: Engine, url: str, create: bool) -> bool:
     return False
 
 
+def _one_line(problems: list[str]) -> str:
+    """SQLite's integrity report (rows that may hold line breaks) as one line."""
+    return "; ".join(" ".join(str(problem).split()) for problem in problems)
+
+
 def check_integrity(engine: Engine, url: str) -> None:
     """SQLite's ``PRAGMA quick_check`` (every page read once, no index cross-check: milliseconds for
     a job's database) on opening: a damaged file is one StorageError and is never written."""
@@ -330,7 +335,7 @@ def check_integrity(engine: Engine, url: str) -> None:
     if problems and problems != ["ok"]:
         path = sqlite_file(url) or redact_url(url)
         raise StorageError(
-            f"the results database {path} is damaged ({cut(redact('; '.join(problems)), DETAIL)}); it was left untouched: "
+            f"the results database {path} is damaged ({cut(redact(_one_line(problems)), DETAIL)}); it was left untouched: "
             f"restore a backup (kernelforge backup JOB makes one) or recover what it holds with "
             f"`sqlite3 {path} .recover | sqlite3 NEW.db` and use NEW.db in its place (--storage sqlite:///NEW.db for "
             "a job's results, --device replay:NEW.db for a recording)"

@@ -14,11 +14,11 @@ import threading
 from dataclasses import dataclass
 from typing import IO, Any, Callable
 
+from kernelforge.cli.common import STORAGE_ENV
 from kernelforge.errors import UserError
 
 #: A worker's --storage: passed in its environment, never on its command line (``ps`` shows every
 #: command line on the host, and a URL may hold a password).
-STORAGE_ENV = "KERNELFORGE_STORAGE"
 
 
 @dataclass(frozen=True)
