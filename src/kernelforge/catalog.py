@@ -13,6 +13,7 @@ import functools
 import hashlib
 import importlib.util
 import inspect
+import math
 import os
 import sys
 import traceback
@@ -21,7 +22,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Collection, Mapping
 
-from kernelforge.block import DTYPES, Block, HarnessError, Shape
+from kernelforge.block import DTYPES, Block, Counts, HarnessError, Shape
 from kernelforge.errors import UserError
 from kernelforge.template import TEMPLATE_SUFFIX, Template, template_name
 
@@ -76,7 +77,7 @@ def _named_failures(method, name: str, path: Path):
     @functools.wraps(method)
     def call(*args, **kwargs):
         try:
-            return method(*args, **kwargs)
+            result = method(*args, **kwargs)
         except (HarnessError, UserError):
             raise
         except Exception as exc:  # noqa: BLE001 - the block's own code
@@ -84,6 +85,11 @@ def _named_failures(method, name: str, path: Path):
                      if Path(frame.filename).resolve() == path.resolve()]
             at = f" (line {lines[-1]})" if lines else ""
             raise HarnessError(f"{path}: {name}() raised {type(exc).__name__}: {exc}{at}") from None
+        if name == "counts" and not (isinstance(result, Counts) and all(
+                isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in (result.flops, result.bytes))):
+            raise HarnessError(f"{path}: counts() returned {result!r}; it must return Counts(flops, bytes) of finite "
+                               "numbers >= 0")
+        return result
 
     return call
 

@@ -97,6 +97,8 @@ def test_a_job_in_a_dtype_the_block_is_not_searched_in_is_refused(tmp_path):
     ("    def counts(self, shape: Shape, dtype) -> Counts:\n",
      "    def counts(self, shape: Shape, dtype) -> Counts:\n        raise RuntimeError('no counts')\n",
      "counts() raised RuntimeError: no counts (line"),
+    ("        return Counts(flops=2.0 * n,", "        return Counts(flops=-2.0 * n,",
+     "counts() returned Counts(flops=-2000.0"),
 ])
 def test_a_block_method_that_raises_is_one_line_naming_the_file_method_and_line(tmp_path, old, new, method):
     from kernelforge.candidate import Candidate
