@@ -103,7 +103,7 @@ def run(job: str | Path | Job, *, progress: Progress | None = None, catalog: Cat
     if progress is not None and not isinstance(progress, Progress):
         raise UserError(f"run(progress={progress!r}): give a kernelforge.search.progress.Progress (it receives "
                         "the search's events) or None")
-    preflight(job, device)
+    preflight(job, catalog, device)
     store = Store(job.storage_url)
     try:
         check_sources(store, job.name, job.strategy.warm_start)

@@ -15,6 +15,7 @@ from kernelforge.job import Job, require_llm_endpoint
 from kernelforge.llm.advisor import advice_for
 from kernelforge.llm.proposer import for_job
 from kernelforge.search.evaluation_loop import SearchOutcome
+from kernelforge.search.plan import baseline_candidates
 from kernelforge.search.search import Search
 from kernelforge.search.progress import Progress
 from kernelforge.store.store import Store
@@ -31,11 +32,15 @@ def run_search(job: Job, catalog: Catalog, store: Store, progress: Progress, *, 
                   reconfirm=reconfirm, accept_block_change=accept_block_change).run()
 
 
-def preflight(job: Job, device_name: str | None, *, endpoint: bool = True) -> None:
+def preflight(job: Job, catalog: Catalog, device_name: str | None, *, endpoint: bool = True) -> None:
     """What a search of ``job`` checks before its database is created, one UserError each: the
     LLM's endpoint (unless not ``endpoint``: a dry run shows a job whose endpoint a run's ``--llm``
-    gives) and the device. The warm start's sources are checked once the store is open
+    gives), the device, and every shape's baseline point (a rule of the block's ``[[baselines]]``
+    that names an unknown dimension or gives a point outside the space is refused now, not when
+    the baselines are measured). The warm start's sources are checked once the store is open
     (:func:`kernelforge.search.warm.check_sources`)."""
     if endpoint:
         require_llm_endpoint(job)
     check_device(device_name or job.device, job.storage_url)
+    for spec in job.blocks:
+        baseline_candidates(catalog, spec.id, catalog.block(spec.id).shapes(spec.shapes))

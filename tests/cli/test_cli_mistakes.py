@@ -115,6 +115,21 @@ def test_every_command_reads_the_database_set_in_the_environment(tmp_path, monke
     assert not (tmp_path / "unused.db").exists()
 
 
+def test_a_baseline_rule_outside_the_space_is_refused_by_the_dry_run_and_before_the_database(tmp_path):
+    kernels = tmp_path / "kernels"
+    shutil.copytree(FIXTURES, kernels)
+    template = kernels / "toy" / "axpy_rules" / "baseline.py.j2"
+    template.write_text(template.read_text().replace('"min(4, cdiv(N, 512))"', '"8"'))
+    job = tmp_path / "rules.toml"
+    db = tmp_path / "rules.db"
+    job.write_text(TOY_JOB.format(db=db).replace('"toy/axpy"', '"toy/axpy_rules"').replace('"smoke"', '"rules"'))
+    for extra in (["--dry-run"], ["--progress", "quiet"]):
+        result = invoke("search", str(job), *extra, kernels=kernels)
+        assert result.exit_code == 2, result.output
+        assert "[[baselines]]" in _one_line(result) and "num_warps=8 is not one of [1, 2, 4]" in result.output
+    assert not db.exists(), "refused before the database was created"
+
+
 def test_a_dry_run_refuses_what_the_search_would_refuse(tmp_path):
     import torch
 

@@ -27,7 +27,7 @@ def print_plan(job, catalog, *, device_name: str | None, compile_enabled: bool) 
     from kernelforge.start import preflight
 
     planned = plan_studies(job, catalog)
-    preflight(job, device_name, endpoint=False)  # --llm URL may give the endpoint at run time
+    preflight(job, catalog, device_name, endpoint=False)  # --llm URL may give the endpoint at run time
     store, why_not = open_existing(job.storage_url)
     check_sources(store, job.name, job.strategy.warm_start)
 

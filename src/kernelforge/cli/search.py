@@ -88,7 +88,7 @@ def search(ctx: click.Context, job_file: str, storage: str | None, device_name: 
     from kernelforge.start import preflight, run_search
     from kernelforge.store.store import Store
 
-    preflight(job, device_name)
+    preflight(job, catalog, device_name)
     store = Store(job.storage_url)
     check_sources(store, job.name, job.strategy.warm_start)  # an unknown source: one line, before anything runs
     mode = progress_mode or ("live" if sys.stdout.isatty() else "jsonl")
