@@ -30,6 +30,20 @@ def _catalog(tmp_path: Path, old: str, new: str) -> Catalog:
     return Catalog.discover(tmp_path)
 
 
+def _judging_refused(tmp_path: Path, old: str, new: str) -> str:
+    """The HarnessError of judging the baseline of toy/axpy with ``old`` replaced by ``new`` in its block.py."""
+    from kernelforge.candidate import Candidate
+
+    catalog = _catalog(tmp_path, old, new)
+    block = catalog.block("toy/axpy")
+    source = Candidate.from_template(catalog.baseline("toy/axpy")).source
+    executor = InProcessExecutor(InterpretDevice(warmup=0, repeats=1))
+    executor.prepare()
+    with pytest.raises(HarnessError) as refused:
+        executor.evaluate(block, source, block.shapes("smoke"), torch.float16)
+    return str(refused.value)
+
+
 @pytest.mark.parametrize("old, new, message", [
     (SMOKE, '"smoke": [Shape.of("n1000", N=1000), Shape.of("n1000", N=1000)],', "lists 'n1000' twice"),
     (SMOKE, SMOKE + ' "more": [Shape.of("n1000", N=64)],', "'n1000' is given to two different shapes"),
@@ -66,16 +80,7 @@ def test_a_reference_or_tolerance_that_would_pass_anything_is_the_blocks_mistake
     """A NaN in the reference or a NaN tolerance made every comparison pass (a wrong kernel was
     judged ok), a reference in the output's dtype hid its rounding error in the tolerance, and a
     tolerance of None was a traceback."""
-    from kernelforge.candidate import Candidate
-
-    catalog = _catalog(tmp_path, old, new)
-    block = catalog.block("toy/axpy")
-    source = Candidate.from_template(catalog.baseline("toy/axpy")).source
-    executor = InProcessExecutor(InterpretDevice(warmup=0, repeats=1))
-    executor.prepare()
-    with pytest.raises(HarnessError) as refused:
-        executor.evaluate(block, source, block.shapes("smoke"), torch.float16)
-    assert message in str(refused.value)
+    assert message in _judging_refused(tmp_path, old, new)
 
 
 def test_a_job_in_a_dtype_the_block_is_not_searched_in_is_refused(tmp_path):
@@ -101,13 +106,5 @@ def test_a_job_in_a_dtype_the_block_is_not_searched_in_is_refused(tmp_path):
      "counts() returned Counts(flops=-2000.0"),
 ])
 def test_a_block_method_that_raises_is_one_line_naming_the_file_method_and_line(tmp_path, old, new, method):
-    from kernelforge.candidate import Candidate
-
-    catalog = _catalog(tmp_path, old, new)
-    block = catalog.block("toy/axpy")
-    source = Candidate.from_template(catalog.baseline("toy/axpy")).source
-    executor = InProcessExecutor(InterpretDevice(warmup=0, repeats=1))
-    executor.prepare()
-    with pytest.raises(HarnessError) as refused:
-        executor.evaluate(block, source, block.shapes("smoke"), torch.float16)
-    assert "axpy/block.py: " in str(refused.value) and method in str(refused.value)
+    refused = _judging_refused(tmp_path, old, new)
+    assert "axpy/block.py: " in refused and method in refused
