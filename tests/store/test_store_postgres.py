@@ -241,3 +241,17 @@ def test_another_database_at_the_url_stops_the_store_without_writing_there(pg_ur
         assert sa.inspect(probe).get_table_names() == []  # nothing written into the new database
     finally:
         probe.dispose()
+
+
+def test_a_wrong_password_is_a_connection_refused_and_never_shown(pg_url):
+    """A server that refuses the login: one message saying the connection was refused and what to
+    check (not "not a readable database", which reads as a damaged file), the password masked."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(pg_url).set(password="wrong-password-xyz")
+    rendered = url.render_as_string(hide_password=False)
+    with pytest.raises(UserError) as refused:
+        Store(rendered)
+    message = str(refused.value)
+    assert "cannot connect" in message and "user, password and database name" in message
+    assert "wrong-password-xyz" not in message

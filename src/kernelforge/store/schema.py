@@ -271,7 +271,11 @@ def open_schema(engine: Engine, url: str, create: bool) -> bool:
     try:
         tables = set(sa.inspect(engine).get_table_names())
     except (DatabaseError, OperationalError) as exc:
-        raise UserError(f"storage {redact_url(url)}: not a readable database ({redact(str(exc.orig))}); it was left untouched") from None
+        detail = _one_line([redact(str(exc.orig))])
+        if engine.dialect.name != "sqlite":  # a server that refused the connection, not a file
+            raise UserError(f"storage {redact_url(url)}: cannot connect ({detail}); check that the server runs and "
+                            "the user, password and database name of the URL") from None
+        raise UserError(f"storage {redact_url(url)}: not a readable database ({detail}); it was left untouched") from None
     except StorageError as exc:
         if getattr(exc, "kind", None) != "damaged":
             raise
