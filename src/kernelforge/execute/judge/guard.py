@@ -20,6 +20,7 @@ returned and again after :func:`settle` (work deferred to another stream or thre
 
 from __future__ import annotations
 
+import functools
 import threading
 import traceback
 from contextlib import contextmanager
@@ -167,10 +168,26 @@ def _elements(value: Any) -> int:
     return max((item.numel() for item in values if isinstance(item, torch.Tensor)), default=0)
 
 
-def _dispatch_mode_base() -> type:
+@functools.lru_cache(maxsize=1)
+def _watching_mode() -> type:
+    """The ``TorchDispatchMode`` that reports every operation to its guard (made once: a class
+    made per call cost a timed call's host tens of microseconds)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    return TorchDispatchMode
+    class Watching(TorchDispatchMode):
+        def __init__(self, guard: "HostComputeGuard") -> None:
+            super().__init__()
+            self.guard = guard
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            result = func(*args, **kwargs)
+            guard = self.guard
+            if guard.depth == 0 and guard.violation is None:
+                guard._inspect(func, args, kwargs, result)
+            return result
+
+    return Watching
 
 
 class HostComputeGuard:
@@ -190,17 +207,7 @@ class HostComputeGuard:
         self.violation: str | None = None
         self.integer_budget = integer_budget
         self.integer_work = 0
-        guard = self
-
-        class _Mode(_dispatch_mode_base()):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                kwargs = kwargs or {}
-                result = func(*args, **kwargs)
-                if guard.depth == 0 and guard.violation is None:
-                    guard._inspect(func, args, kwargs, result)
-                return result
-
-        self._mode = _Mode()
+        self._mode = _watching_mode()(self)
 
     def _inspect(self, func: Any, args: tuple, kwargs: dict, result: Any) -> None:
         name = getattr(getattr(func, "overloadpacket", None), "__name__", str(func))

@@ -54,14 +54,17 @@ from kernelforge.result import Status, Timing
 _SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def _sign_flips(tensor: torch.Tensor, seed: int, call: int, name: str) -> torch.Tensor:
-    """The sign bits to flip in input ``name`` at preparation ``call``: a random half of its
-    elements, the same for the same (seed, call, name) on the same kind of device."""
-    kind = _SAME_SIZE_INT[tensor.element_size()]
-    generator = torch.Generator(device=tensor.device)
+#: Elements flipped per random draw: bounds the temporary memory of a touch (a MoE block's
+#: weights are gigabytes) to one draw of this many integers.
+_FLIP_CHUNK = 1 << 26
+
+
+def _generator(device: torch.device, seed: int, call: int, name: str) -> torch.Generator:
+    """The random stream of input ``name``'s sign flips at preparation ``call`` (the same stream on
+    both sides for the same seed and the same kind of device)."""
+    generator = torch.Generator(device=device)
     generator.manual_seed((seed * 1_000_003 + call * 8_191 + zlib.crc32(name.encode())) % 2**63)
-    bits = torch.randint(0, 2, tuple(tensor.shape), dtype=kind, device=tensor.device, generator=generator)
-    return bits.bitwise_left_shift_(8 * tensor.element_size() - 1)
+    return generator
 
 
 def touch_inputs(inputs: Mapping[str, Any], call: int, seed: int, *, undo: int | None = None) -> None:
@@ -73,10 +76,14 @@ def touch_inputs(inputs: Mapping[str, Any], call: int, seed: int, *, undo: int |
         if not (isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.numel()
                 and tensor.is_contiguous() and tensor.element_size() in _SAME_SIZE_INT):
             continue
-        flips = _sign_flips(tensor, seed, call, name)
-        if undo is not None:
-            flips.bitwise_xor_(_sign_flips(tensor, seed, undo, name))
-        tensor.view(_SAME_SIZE_INT[tensor.element_size()]).bitwise_xor_(flips)
+        kind, sign = _SAME_SIZE_INT[tensor.element_size()], 8 * tensor.element_size() - 1
+        bits = tensor.view(-1).view(kind)
+        streams = [_generator(tensor.device, seed, k, name) for k in (call, undo) if k is not None]
+        for start in range(0, bits.numel(), _FLIP_CHUNK):
+            part = bits[start:start + _FLIP_CHUNK]
+            for stream in streams:
+                flips = torch.randint(0, 2, part.shape, dtype=kind, device=tensor.device, generator=stream)
+                part.bitwise_xor_(flips.bitwise_left_shift_(sign))
 
 
 class _Refused(Exception):
