@@ -24,7 +24,7 @@ RUNNABLE = [InterpretDevice, SkeletonDevice]  # time() and describe() work witho
 def test_every_device_states_its_capabilities(cls):
     assert issubclass(cls, Device) and cls.name and isinstance(cls.torch_device, str)
     for flag in ("measures_hardware", "jit_on_first_call", "address_space_limit", "rotates_input_sets",
-                 "prepares_every_call"):
+                 "prepares_every_call", "host_clock"):
         assert isinstance(getattr(cls, flag), bool), f"{cls.__name__}.{flag}"
     assert Role(cls.sandbox_role) in Role  # a role the sandbox knows
     assert cls.fatal_errors is None or isinstance(cls.fatal_errors, re.Pattern)
@@ -54,6 +54,7 @@ def test_time_runs_every_phase_through_before_and_labels_its_method(cls):
     assert seen == list(range(len(seen))) and calls[0] == len(seen) >= 2  # every call prepared, in order
     assert len(seen) <= device.round_preparations(2)  # every call can be copied aside (issue 29)
     assert timing.median_s >= 0 and timing.samples >= 1 and timing.method and timing.label
+    assert device.host_clock is False, "host_clock is set only while time() measures on the host's clock"
     assert device.time([call], method=timing.method).method == timing.method  # its own method, when fixed
     with pytest.raises(MethodUnavailable):
         device.time([call], method="no-such-method")
