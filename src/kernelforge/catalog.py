@@ -55,10 +55,11 @@ def _load_block(folder: Path, block_id: str) -> Block:
                         "(docs/block-contract.md)")
     if len(classes) != 1:
         raise UserError(f"{path}: must define exactly one concrete Block subclass, found {len(classes)}")
-    block = classes[0](block_id)
+    cls = classes[0]
+    for name in _BLOCK_METHODS:  # on the class made by this load of block.py alone
+        setattr(cls, name, _named_failures(getattr(cls, name), name, path))
+    block = cls(block_id)
     _check_declarations(block, path)
-    for name in _BLOCK_METHODS:
-        setattr(block, name, _named_failures(getattr(block, name), name, path))
     return block
 
 
@@ -113,8 +114,8 @@ def _check_declarations(block: Block, path: Path) -> None:
         raise UserError(f"{path}: dtypes {tuple(block.dtypes)!r} must name at least one of {', '.join(DTYPES)}")
     try:
         sets = block.shape_sets()
-    except Exception as exc:  # noqa: BLE001 - the block's own code
-        raise UserError(f"{path}: shape_sets() raised {type(exc).__name__}: {exc}") from None
+    except HarnessError as exc:  # it raised (named by _named_failures): the block cannot load
+        raise UserError(str(exc)) from None
     if not isinstance(sets, Mapping) or not all(isinstance(v, (list, tuple)) for v in sets.values()):
         raise UserError(f"{path}: shape_sets() must return a dict of set name -> list of Shape, got "
                         f"{type(sets).__name__}")
