@@ -24,11 +24,12 @@ is flagged in ``Timing.extra["event_wall_mismatch"]``.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import statistics
 import time
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -260,8 +261,7 @@ class CudaDevice(Device):
         """Host seconds to enqueue one call while the GPU is busy (so the enqueue never waits on
         it): the launch overhead a call pays wherever it is not captured in a CUDA graph."""
         samples = []
-        self.host_clock = True
-        try:
+        with self._on_host_clock():
             for i in range(count):
                 self._prepare_call()
                 self.synchronize()
@@ -270,9 +270,16 @@ class CudaDevice(Device):
                 calls[i % len(calls)]()
                 samples.append(time.perf_counter() - start)
                 self.synchronize()
+        return samples
+
+    @contextlib.contextmanager
+    def _on_host_clock(self) -> Iterator[None]:
+        """``host_clock`` set while the block measures calls on the host's clock (base.Device)."""
+        self.host_clock = True
+        try:
+            yield
         finally:
             self.host_clock = False
-        return samples
 
     def _event_samples(self, calls: Sequence[Call], count: int, flush: bool) -> list[float]:
         """Event times of ``count`` calls, each with the L2 flush (when ``flush``) and a spin of
@@ -336,11 +343,8 @@ class CudaDevice(Device):
         counter updates in coarse steps, so shorter rounds read zero), and where the figure comes
         from or why there is none (:func:`kernelforge.devices.nvml.energy_per_call`)."""
         count = int(min(max(50, math.ceil(0.5 / max(median_s, 1e-7))), 200_000))
-        self.host_clock = True
-        try:
+        with self._on_host_clock():
             return energy_per_call(self._nvml, lambda i: calls[i % len(calls)](), count, self.synchronize)
-        finally:
-            self.host_clock = False
 
     def describe(self) -> dict[str, Any]:
         props = torch.cuda.get_device_properties(self.index)

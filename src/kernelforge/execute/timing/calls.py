@@ -207,7 +207,7 @@ class _Round:
             # is pending updates its in-place inputs once more: the copy, made later, would not be
             # the prepared call's results. It is not made (the trusted side draws among those made).
             self.pending = None
-        watch = not getattr(self.device, "host_clock", False) and (self.index in self.watched if prepared else True)
+        watch = not self.device.host_clock and (self.index in self.watched if prepared else True)
         if watch:
             report = run_call(self.run, self.job.sets[which], self.written, torch.device(self.device.torch_device))
             if not report.ok:

@@ -139,6 +139,12 @@ WATCHED_SHARE = 1 / 8
 VERIFIED_DRAWS = 8
 
 
+def _draw(rng: random.Random | None) -> random.Random:
+    """``rng`` (a test's), else the system's randomness, which nothing in the candidate's process
+    can know: every draw of a round (copies, watched calls, verified copies, the touch seed)."""
+    return rng or random.SystemRandom()
+
+
 def copied_calls(device: Device, n_sets: int, call_bytes: int, rng: random.Random | None = None) -> tuple[int, ...]:
     """The preparations of a round whose calls are copied aside (outside the timed region: see
     :mod:`~kernelforge.execute.timing.calls`). Every preparation the device may make
@@ -151,7 +157,7 @@ def copied_calls(device: Device, n_sets: int, call_bytes: int, rng: random.Rando
     fit = SNAPSHOT_MEMORY_BUDGET // max(int(call_bytes), 1)
     if total <= fit:
         return tuple(range(total))
-    return tuple(sorted((rng or random.SystemRandom()).sample(range(total), max(1, int(fit)))))
+    return tuple(sorted(_draw(rng).sample(range(total), max(1, int(fit)))))
 
 
 def watched_calls(device: Device, rng: random.Random | None = None) -> tuple[int, ...]:
@@ -163,7 +169,7 @@ def watched_calls(device: Device, rng: random.Random | None = None) -> tuple[int
     total = max(1, int(device.round_preparations(1)))
     if device.prepares_every_call:
         return tuple(range(total))
-    draw = rng or random.SystemRandom()
+    draw = _draw(rng)
     return tuple(i for i in range(total) if draw.random() < WATCHED_SHARE)
 
 
@@ -179,7 +185,7 @@ def drawn_checks(device: Device, copied: tuple[int, ...], copied_sets: tuple[int
     made = [k for k, which in enumerate(copied_sets) if which is not None]
     if device.prepares_every_call or len(made) <= VERIFIED_DRAWS:
         return tuple(made)
-    return tuple(sorted((rng or random.SystemRandom()).sample(made, VERIFIED_DRAWS)))
+    return tuple(sorted(_draw(rng).sample(made, VERIFIED_DRAWS)))
 
 
 def make_timing_sets(block: Block, shape: Shape, dtype: torch.dtype, device: Device, runner: Runner) -> list[TimingSet]:
@@ -223,7 +229,7 @@ def time_round(block: Block, entry: Entry, shape: Shape, dtype: torch.dtype, dev
     before = tuple({name: runner.share(sets[0].shared[name], values=False) for name in kept} if kept else {}
                    for _ in verified)
     unwritten = runner.share(torch.full((UNWRITTEN_CAPACITY,), -1, dtype=torch.int64, device=device.torch_device))
-    seed = (rng or random.SystemRandom()).getrandbits(62)
+    seed = _draw(rng).getrandbits(62)
     job = TimingJob(tuple({**s.shared, **s.outputs} for s in sets), spec.names, spec.inplace, block.inplace_reset,
                     verified, aside, before, int(block.counts(shape, dtype).bytes), method, unwritten,
                     watched_calls(device, rng), seed)
