@@ -57,7 +57,8 @@ def harness_objects() -> list[tuple[str, Any, str]]:
     library functions, and every callable of the loaded modules of :data:`HARNESS_PACKAGES`
     (with the methods of the classes defined there)."""
     items = _library_objects()
-    for module_name, module in sorted(sys.modules.items()):
+    # A copy first (one C call): another thread importing meanwhile must not break the iteration.
+    for module_name, module in sorted(sys.modules.copy().items()):
         if module is None or not module_name.startswith(HARNESS_PACKAGES):
             continue
         for name, value in list(vars(module).items()):
